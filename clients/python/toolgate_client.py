@@ -1,0 +1,28 @@
+"""A minimal toolgate executor client: stubs generated from proto/ at run time.
+
+Executors run the tool with `normalized_arguments` from the response, never
+with their own re-parse of the model's text: what was authorized and hashed
+is exactly what runs.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def load_stubs(proto_dir: str, out_dir: str):
+    """Generates the Python stubs for toolgate.v1 into out_dir and imports them."""
+    protos = sorted(str(p) for p in Path(proto_dir, "toolgate", "v1").glob("*.proto"))
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{proto_dir}",
+         f"--python_out={out_dir}", f"--grpc_python_out={out_dir}", *protos],
+        check=True,
+    )
+    sys.path.insert(0, out_dir)
+    from toolgate.v1 import authorization_pb2, authorization_pb2_grpc, common_pb2  # noqa: E402
+    return authorization_pb2, authorization_pb2_grpc, common_pb2
+
+
+def default_addr() -> str:
+    return os.environ.get("TOOLGATE_ADDR", "127.0.0.1:50051")

@@ -1,0 +1,120 @@
+//! The approval lifecycle (DESIGN §4): what an approval is bound to, its
+//! states, and how the arguments are shown to a human.
+//!
+//! Rules only, no IO: the store persists records, the authorizer decides
+//! when to create them. An approval is usable only when tenant, subject,
+//! tool, risk and arguments hash all match, unexpired and unconsumed.
+
+use serde_json::Value;
+
+use crate::clock::UnixMillis;
+use crate::tools::Risk;
+
+/// The marker that replaces a `sensitive` value in display arguments.
+pub const REDACTED: &str = "[REDACTED]";
+
+/// Where an approval is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalStatus {
+    Pending,
+    Approved,
+    Rejected,
+    Expired,
+}
+
+impl ApprovalStatus {
+    /// The stored name.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Approved => "APPROVED",
+            Self::Rejected => "REJECTED",
+            Self::Expired => "EXPIRED",
+        }
+    }
+
+    /// Parses a stored name.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "PENDING" => Self::Pending,
+            "APPROVED" => Self::Approved,
+            "REJECTED" => Self::Rejected,
+            "EXPIRED" => Self::Expired,
+            _ => return None,
+        })
+    }
+}
+
+/// What a new approval request is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewApproval {
+    pub approval_id: String,
+    pub tenant_id: String,
+    pub requester_subject_id: String,
+    pub agent_id: String,
+    pub tool: String,
+    pub tool_version: String,
+    pub risk: Risk,
+    pub arguments_sha256: String,
+    pub display_arguments: String,
+    pub request_id: String,
+    pub created_at: UnixMillis,
+    pub expires_at: UnixMillis,
+}
+
+/// A stored approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalRecord {
+    pub approval_id: String,
+    pub tenant_id: String,
+    pub requester_subject_id: String,
+    pub agent_id: String,
+    pub tool: String,
+    pub tool_version: String,
+    pub risk: Risk,
+    pub arguments_sha256: String,
+    pub display_arguments: String,
+    pub request_id: String,
+    pub status: ApprovalStatus,
+    pub created_at: UnixMillis,
+    pub expires_at: UnixMillis,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<UnixMillis>,
+    pub reason: Option<String>,
+    pub consumed_by_idempotency_key: Option<String>,
+}
+
+/// The canonical arguments with every `sensitive` pointer's value replaced
+/// by [`REDACTED`]. Pointers that resolve to nothing are ignored.
+#[must_use]
+pub fn display_arguments(arguments: &Value, sensitive: &[String]) -> String {
+    let mut shown = arguments.clone();
+    for pointer in sensitive {
+        if let Some(v) = shown.pointer_mut(pointer) {
+            *v = Value::String(REDACTED.to_owned());
+        }
+    }
+    // Shown in canonical form, like the arguments the hash was taken of.
+    crate::decode::canonical_json(&shown).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn sensitive_pointers_are_redacted() {
+        let args = json!({"card": {"number": "4111"}, "note": "hi", "list": ["a", "b"]});
+        let shown = display_arguments(
+            &args,
+            &["/card/number".into(), "/list/1".into(), "/absent".into()],
+        );
+        assert_eq!(
+            shown,
+            r#"{"card":{"number":"[REDACTED]"},"list":["a","[REDACTED]"],"note":"hi"}"#
+        );
+    }
+}

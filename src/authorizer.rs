@@ -1,0 +1,698 @@
+//! The decision pipeline (DESIGN §2): raw bytes in, one decision out.
+//!
+//! [`ToolCallAuthorizer`] is the one home of the order of the checks. Each
+//! step's rules live in its own module (decode, tools, policy, approvals);
+//! this module only sequences them and turns their failures into envelopes.
+//! It knows nothing of gRPC.
+//!
+//! Invariant: fail closed. Every error on the way ends in a deny with an
+//! envelope or an executor error, never in an allow.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use serde_json::{Value, json};
+
+use crate::approvals::{self, ApprovalRecord, ApprovalStatus, NewApproval};
+use crate::clock::{Clock, UnixMillis};
+use crate::decode::{self, DecodeError, Limits};
+use crate::envelope::{Envelope, ErrorCode};
+use crate::identity::Caller;
+use crate::policy::{DecideError, PolicyDecision, PolicyEngine, ToolCall};
+use crate::store::{ApprovalUse, Store};
+use crate::tools::{Risk, ToolContract};
+
+/// How long a model-supplied name may be before it is cut in messages.
+const MAX_ECHO: usize = 64;
+
+/// Settings of the pipeline.
+#[derive(Debug, Clone)]
+pub struct AuthorizerConfig {
+    pub limits: Limits,
+    /// How many schema violations one answer lists.
+    pub violation_cap: usize,
+    /// Time kept back from the caller's deadline for the executor's own work.
+    pub deadline_margin: Duration,
+    /// How long a PENDING approval waits for a human.
+    pub pending_approval_ttl: Duration,
+}
+
+impl Default for AuthorizerConfig {
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            violation_cap: 20,
+            deadline_margin: Duration::from_millis(50),
+            pending_approval_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// One call to decide, as the executor sent it.
+#[derive(Debug, Clone, Default)]
+pub struct AuthorizeInput {
+    pub tool: String,
+    pub arguments: Vec<u8>,
+    pub caller: Option<Caller>,
+    pub call_id: String,
+    pub request_id: String,
+    pub approval_id: String,
+    /// When the caller stops waiting, on the monotonic clock.
+    pub deadline: Option<Instant>,
+    pub entities_json: String,
+    pub tool_version: String,
+}
+
+/// A malformed request from the executor itself (not the model): answered
+/// as a gRPC `INVALID_ARGUMENT`, not as a decision.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid `{field}`: {description}")]
+pub struct ExecutorError {
+    pub field: &'static str,
+    pub description: String,
+}
+
+impl ExecutorError {
+    fn new(field: &'static str, description: impl Into<String>) -> Self {
+        Self {
+            field,
+            description: description.into(),
+        }
+    }
+}
+
+/// The three answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    Deny,
+    ApprovalRequired,
+}
+
+impl Decision {
+    /// Lowercase name for logs.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+            Self::ApprovalRequired => "approval_required",
+        }
+    }
+}
+
+/// Everything the executor needs to run (or not run) the call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuthorizeOutcome {
+    pub decision: Decision,
+    pub decision_id: String,
+    pub call_id: String,
+    pub normalized_arguments: String,
+    pub arguments_sha256: String,
+    pub idempotency_key: String,
+    pub conflict_key: String,
+    pub risk: Option<Risk>,
+    pub timeout_ms: u64,
+    pub parallel: bool,
+    pub idempotent: bool,
+    pub approval: Option<(String, UnixMillis)>,
+    pub error: Option<Envelope>,
+    pub policy_version: String,
+    pub tool_version: String,
+    /// Determining policy ids: for the audit log, never for the model.
+    pub policies: Vec<String>,
+}
+
+/// The orchestrator of one decision.
+#[derive(Debug)]
+pub struct ToolCallAuthorizer {
+    engine: Arc<ArcSwap<PolicyEngine>>,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    config: AuthorizerConfig,
+}
+
+/// What the pipeline knows of a call after hashing: shared by every answer from there on.
+struct Hashed<'a> {
+    tool: &'a ToolContract,
+    args: Value,
+    normalized: String,
+    sha: String,
+    key: String,
+    conflict_key: String,
+}
+
+impl ToolCallAuthorizer {
+    /// An authorizer over a live policy engine (swapped atomically on reload).
+    #[must_use]
+    pub fn new(
+        engine: Arc<ArcSwap<PolicyEngine>>,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        config: AuthorizerConfig,
+    ) -> Self {
+        Self {
+            engine,
+            store,
+            clock,
+            config,
+        }
+    }
+
+    /// The policy engine now live.
+    #[must_use]
+    pub fn engine(&self) -> Arc<PolicyEngine> {
+        self.engine.load_full()
+    }
+
+    /// Decides one call.
+    ///
+    /// # Errors
+    /// [`ExecutorError`] when the executor's own request is malformed (no
+    /// auth context, no tool, no `request_id` for a side-effecting tool,
+    /// malformed entity JSON). Everything about the model's call is an
+    /// [`AuthorizeOutcome`].
+    pub async fn authorize(
+        &self,
+        input: &AuthorizeInput,
+    ) -> Result<AuthorizeOutcome, ExecutorError> {
+        // The whole decision runs on one policy set, even across a reload.
+        let engine = self.engine.load_full();
+        let caller = input
+            .caller
+            .as_ref()
+            .ok_or_else(|| ExecutorError::new("auth", "the auth context is required"))?;
+        if caller.subject_id.is_empty() {
+            return Err(ExecutorError::new("auth.subject_id", "must not be empty"));
+        }
+        if caller.tenant_id.is_empty() {
+            return Err(ExecutorError::new("auth.tenant_id", "must not be empty"));
+        }
+        if input.tool.is_empty() {
+            return Err(ExecutorError::new("tool", "must not be empty"));
+        }
+        let entities = parse_entities(&input.entities_json)?;
+        let mut out = AuthorizeOutcome {
+            decision: Decision::Deny,
+            decision_id: uuid::Uuid::now_v7().to_string(),
+            call_id: input.call_id.clone(),
+            normalized_arguments: String::new(),
+            arguments_sha256: String::new(),
+            idempotency_key: String::new(),
+            conflict_key: String::new(),
+            risk: None,
+            timeout_ms: 0,
+            parallel: false,
+            idempotent: false,
+            approval: None,
+            error: None,
+            policy_version: engine.version().to_owned(),
+            tool_version: String::new(),
+            policies: Vec::new(),
+        };
+
+        // Strict decoding of the model's bytes.
+        let args = match decode::parse_strict(&input.arguments, &self.config.limits) {
+            Ok(v) => v,
+            Err(e) => return Ok(out.deny(decode_envelope(&e))),
+        };
+        if !args.is_object() {
+            return Ok(out.deny(
+                Envelope::new(
+                    ErrorCode::InvalidArguments,
+                    "the arguments must be a JSON object",
+                )
+                .with("reason", "not_an_object"),
+            ));
+        }
+
+        let Some(tool) = engine.tools().get(&input.tool) else {
+            return Ok(out.deny(
+                Envelope::new(
+                    ErrorCode::ToolNotFound,
+                    format!("unknown tool `{}`", echo(&input.tool)),
+                )
+                .with("tool", echo(&input.tool)),
+            ));
+        };
+        let tool: &ToolContract = tool;
+        out.risk = Some(tool.risk);
+        out.parallel = tool.parallel;
+        out.idempotent = tool.idempotent;
+        out.tool_version.clone_from(&tool.version);
+        if !input.tool_version.is_empty() && input.tool_version != tool.version {
+            return Ok(out.deny(
+                Envelope::new(
+                    ErrorCode::ToolNotFound,
+                    format!(
+                        "tool `{}` is at version `{}`, not `{}`",
+                        tool.name,
+                        tool.version,
+                        echo(&input.tool_version)
+                    ),
+                )
+                .with("reason", "version_mismatch")
+                .with("version", tool.version.clone()),
+            ));
+        }
+        if tool.risk != Risk::Read && input.request_id.is_empty() {
+            return Err(ExecutorError::new(
+                "request_id",
+                format!(
+                    "required for tool `{}` (risk `{}`)",
+                    tool.name,
+                    tool.risk.as_str()
+                ),
+            ));
+        }
+
+        let violations = tool.validate_input(&args, self.config.violation_cap);
+        if let Some(first) = violations.first() {
+            let message = format!("{} at `{}`", first.message, first.pointer);
+            let list: Vec<Value> = violations
+                .iter()
+                .map(|v| json!({"pointer": v.pointer, "keyword": v.keyword, "message": v.message}))
+                .collect();
+            return Ok(out.deny(
+                Envelope::new(ErrorCode::SchemaViolation, message).with("violations", list),
+            ));
+        }
+
+        let hashed = match hash(tool, args, caller, &input.request_id) {
+            Ok(h) => h,
+            Err(e) => return Ok(out.deny(e)),
+        };
+        out.normalized_arguments.clone_from(&hashed.normalized);
+        out.arguments_sha256.clone_from(&hashed.sha);
+        out.idempotency_key.clone_from(&hashed.key);
+        out.conflict_key.clone_from(&hashed.conflict_key);
+
+        // The time budget, on the monotonic clock.
+        match self.budget(tool, input.deadline) {
+            Some(ms) => out.timeout_ms = ms,
+            None => {
+                return Ok(out.deny(Envelope::new(
+                    ErrorCode::DeadlineExhausted,
+                    "no time is left before the caller's deadline; nothing was started, retry with the same key",
+                )));
+            }
+        }
+
+        // A presented approval must be bound to exactly this call.
+        let now = self.clock.now_ms();
+        let approval = if input.approval_id.is_empty() {
+            None
+        } else {
+            match self
+                .check_approval(&input.approval_id, caller, &hashed, now)
+                .await
+            {
+                Ok(record) => Some(record),
+                Err(e) => return Ok(out.deny(e)),
+            }
+        };
+
+        let call = ToolCall {
+            caller,
+            tool,
+            arguments: &hashed.args,
+            entities: entities.as_ref(),
+            approved: approval.is_some(),
+        };
+        let decision = match engine.decide_tool_call(&call) {
+            Ok(d) => d,
+            Err(DecideError::Entities(e)) => return Err(ExecutorError::new("entities_json", e)),
+            Err(DecideError::ResourceNotFound(uid)) => {
+                return Ok(out.deny(
+                    Envelope::new(
+                        ErrorCode::ResourceNotFound,
+                        "the resource of this call was not supplied",
+                    )
+                    .with("resource", uid),
+                ));
+            }
+            Err(DecideError::Projection(e)) => {
+                return Ok(out.deny(
+                    Envelope::new(ErrorCode::InvalidArguments, e.to_string())
+                        .with("reason", e.reason()),
+                ));
+            }
+            Err(e @ DecideError::Request(_)) => {
+                tracing::error!(error = %e, tool = %tool.name, "cannot build the Cedar request");
+                return Ok(out.deny(Envelope::new(
+                    ErrorCode::InternalError,
+                    "the call could not be evaluated",
+                )));
+            }
+        };
+
+        match decision {
+            PolicyDecision::Allow { policies } => {
+                out.policies = policies;
+                if let Some(record) = approval {
+                    match self
+                        .store
+                        .consume_approval(&record.tenant_id, &record.approval_id, &hashed.key, now)
+                        .await
+                    {
+                        Ok(ApprovalUse::Consumed) => {}
+                        Ok(ApprovalUse::ConsumedByOther) => {
+                            return Ok(
+                                out.deny(approval_envelope(ErrorCode::ApprovalConsumed, &record))
+                            );
+                        }
+                        Ok(ApprovalUse::NotUsable) => {
+                            return Ok(
+                                out.deny(approval_envelope(ErrorCode::ApprovalExpired, &record))
+                            );
+                        }
+                        Err(e) => return Ok(out.deny(self.store_failure(&e))),
+                    }
+                }
+                out.decision = Decision::Allow;
+                Ok(out)
+            }
+            PolicyDecision::ApprovalRequired { policies } => {
+                out.policies = policies;
+                let ttl =
+                    i64::try_from(self.config.pending_approval_ttl.as_millis()).unwrap_or(i64::MAX);
+                let new = NewApproval {
+                    approval_id: uuid::Uuid::now_v7().to_string(),
+                    tenant_id: caller.tenant_id.clone(),
+                    requester_subject_id: caller.subject_id.clone(),
+                    agent_id: caller.agent_id.clone(),
+                    tool: tool.name.clone(),
+                    tool_version: tool.version.clone(),
+                    risk: tool.risk,
+                    arguments_sha256: hashed.sha.clone(),
+                    display_arguments: approvals::display_arguments(&hashed.args, &tool.sensitive),
+                    request_id: input.request_id.clone(),
+                    created_at: now,
+                    expires_at: now.saturating_add(ttl),
+                };
+                match self.store.pending_approval_for_call(new, now).await {
+                    Ok(record) => {
+                        out.decision = Decision::ApprovalRequired;
+                        out.error = Some(
+                            Envelope::new(
+                                ErrorCode::ApprovalRequired,
+                                "this call needs a human approval; it was requested",
+                            )
+                            .with("approval_id", record.approval_id.clone())
+                            .with("expires_at_ms", record.expires_at),
+                        );
+                        out.approval = Some((record.approval_id, record.expires_at));
+                        Ok(out)
+                    }
+                    Err(e) => Ok(out.deny(self.store_failure(&e))),
+                }
+            }
+            PolicyDecision::Deny { policies, reason } => {
+                out.policies = policies;
+                let message =
+                    reason.unwrap_or_else(|| "the call is not permitted by policy".to_owned());
+                Ok(out.deny(Envelope::new(ErrorCode::Forbidden, message)))
+            }
+            PolicyDecision::Errored { policies } => {
+                tracing::warn!(policies = ?policies, tool = %tool.name, "policy evaluation error: denied (fail closed)");
+                out.policies = policies;
+                Ok(out.deny(Envelope::new(
+                    ErrorCode::PolicyError,
+                    "a policy could not be evaluated; the call is denied",
+                )))
+            }
+        }
+    }
+
+    /// `min(tool timeout, time left − margin)`, or `None` when no time is left.
+    fn budget(&self, tool: &ToolContract, deadline: Option<Instant>) -> Option<u64> {
+        let Some(deadline) = deadline else {
+            return Some(tool.timeout_ms);
+        };
+        let left = deadline
+            .checked_duration_since(Instant::now())?
+            .checked_sub(self.config.deadline_margin)?;
+        let left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+        (left_ms > 0).then(|| left_ms.min(tool.timeout_ms))
+    }
+
+    async fn check_approval(
+        &self,
+        approval_id: &str,
+        caller: &Caller,
+        h: &Hashed<'_>,
+        now: UnixMillis,
+    ) -> Result<ApprovalRecord, Envelope> {
+        let record = match self
+            .store
+            .get_approval(&caller.tenant_id, approval_id)
+            .await
+        {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                return Err(
+                    Envelope::new(ErrorCode::ApprovalNotFound, "no such approval")
+                        .with("approval_id", echo(approval_id)),
+                );
+            }
+            Err(e) => return Err(self.store_failure(&e)),
+        };
+        let bound = record.requester_subject_id == caller.subject_id
+            && record.tool == h.tool.name
+            && record.risk == h.tool.risk
+            && record.arguments_sha256 == h.sha;
+        if !bound {
+            return Err(approval_envelope(ErrorCode::ApprovalMismatch, &record));
+        }
+        match record.status {
+            ApprovalStatus::Pending if record.expires_at > now => {
+                Err(approval_envelope(ErrorCode::ApprovalPending, &record))
+            }
+            ApprovalStatus::Pending | ApprovalStatus::Expired => {
+                Err(approval_envelope(ErrorCode::ApprovalExpired, &record))
+            }
+            ApprovalStatus::Rejected => {
+                Err(approval_envelope(ErrorCode::ApprovalRejected, &record))
+            }
+            ApprovalStatus::Approved if record.expires_at <= now => {
+                Err(approval_envelope(ErrorCode::ApprovalExpired, &record))
+            }
+            ApprovalStatus::Approved => match &record.consumed_by_idempotency_key {
+                Some(k) if *k != h.key => {
+                    Err(approval_envelope(ErrorCode::ApprovalConsumed, &record))
+                }
+                _ => Ok(record),
+            },
+        }
+    }
+
+    fn store_failure(&self, e: &crate::store::StoreError) -> Envelope {
+        tracing::error!(error = %e, "store failure: denied (fail closed)");
+        Envelope::new(
+            ErrorCode::InternalError,
+            "the decision could not be recorded; retry with the same key",
+        )
+    }
+}
+
+impl AuthorizeOutcome {
+    fn deny(mut self, envelope: Envelope) -> Self {
+        self.decision = Decision::Deny;
+        self.error = Some(envelope);
+        self
+    }
+}
+
+fn approval_envelope(code: ErrorCode, record: &ApprovalRecord) -> Envelope {
+    let message = match code {
+        ErrorCode::ApprovalPending => "the approval is still pending",
+        ErrorCode::ApprovalRejected => "the approval was rejected",
+        ErrorCode::ApprovalExpired => "the approval has expired",
+        ErrorCode::ApprovalMismatch => "the approval was granted for a different call",
+        ErrorCode::ApprovalConsumed => "the approval was already used by another operation",
+        _ => "the approval cannot be used",
+    };
+    Envelope::new(code, message).with("approval_id", record.approval_id.clone())
+}
+
+/// Canonical form, hashes and keys (DESIGN §2.3).
+fn hash<'a>(
+    tool: &'a ToolContract,
+    args: Value,
+    caller: &Caller,
+    request_id: &str,
+) -> Result<Hashed<'a>, Envelope> {
+    let internal = |e: decode::CanonicalError| {
+        tracing::error!(error = %e, "canonicalization failed");
+        Envelope::new(
+            ErrorCode::InternalError,
+            "the arguments could not be canonicalized",
+        )
+    };
+    let normalized = decode::canonical_json(&args).map_err(internal)?;
+    let sha = decode::sha256_hex(normalized.as_bytes());
+    let key = decode::idempotency_key(
+        &tool.name,
+        request_id,
+        &caller.subject_id,
+        &caller.tenant_id,
+        &args,
+    )
+    .map_err(internal)?;
+    let conflict_key = match (&tool.resource, tool.resource_id(&args)) {
+        (Some(r), Some(id)) => format!("{}:{}:{}", caller.tenant_id, r.entity_type, id),
+        _ => format!("{}:Tool:{}", caller.tenant_id, tool.name),
+    };
+    Ok(Hashed {
+        tool,
+        args,
+        normalized,
+        sha,
+        key,
+        conflict_key,
+    })
+}
+
+fn decode_envelope(e: &DecodeError) -> Envelope {
+    let code = if e.is_limit() {
+        ErrorCode::InvalidArguments
+    } else {
+        ErrorCode::InvalidJson
+    };
+    let mut env = Envelope::new(code, e.to_string()).with("reason", e.reason());
+    if let Some(p) = e.position() {
+        env = env.with("position", p);
+    }
+    if let DecodeError::DuplicateKey { pointer, .. }
+    | DecodeError::NumberOutOfRange { pointer, .. } = e
+    {
+        env = env.with("pointer", pointer.clone());
+    }
+    env
+}
+
+fn parse_entities(text: &str) -> Result<Option<Value>, ExecutorError> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    let v: Value = serde_json::from_str(text)
+        .map_err(|e| ExecutorError::new("entities_json", format!("not JSON: {e}")))?;
+    if !v.is_array() {
+        return Err(ExecutorError::new(
+            "entities_json",
+            "must be a JSON array of Cedar entities",
+        ));
+    }
+    Ok(Some(v))
+}
+
+/// A model-supplied string cut to a length safe to echo.
+fn echo(s: &str) -> String {
+    if s.chars().count() <= MAX_ECHO {
+        s.to_owned()
+    } else {
+        s.chars().take(MAX_ECHO).chain("…".chars()).collect()
+    }
+}
+
+/// One call of a batch, as the scheduler sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleItem {
+    pub allowed: bool,
+    pub conflict_key: String,
+    pub risk: Risk,
+    pub parallel: bool,
+}
+
+/// The wave schedule of one model turn (DESIGN §7, `BatchAuthorize`): only
+/// allowed calls are scheduled; waves run in order, calls in one wave may
+/// run together. Two calls on the same conflict key where either is not
+/// `read` go in different waves, in request order. A call whose tool is not
+/// `parallel` is alone in its wave and, conservatively, a barrier: every
+/// earlier call runs before it and every later one after it.
+#[must_use]
+pub fn schedule(items: &[ScheduleItem]) -> Vec<Vec<usize>> {
+    let mut wave_of: Vec<Option<usize>> = Vec::with_capacity(items.len());
+    let mut waves: Vec<Vec<usize>> = Vec::new();
+    let mut floor = 0usize; // the first wave a new call may join
+    for (i, item) in items.iter().enumerate() {
+        if !item.allowed {
+            wave_of.push(None);
+            continue;
+        }
+        if !item.parallel {
+            let w = waves.len().max(floor);
+            waves.resize_with(w + 1, Vec::new);
+            if let Some(wave) = waves.get_mut(w) {
+                wave.push(i);
+            }
+            wave_of.push(Some(w));
+            floor = w + 1;
+            continue;
+        }
+        let mut w = floor;
+        for (j, earlier) in items.iter().enumerate().take(i) {
+            let Some(Some(wj)) = wave_of.get(j) else {
+                continue;
+            };
+            let conflicts = earlier.conflict_key == item.conflict_key
+                && (earlier.risk != Risk::Read || item.risk != Risk::Read);
+            if conflicts {
+                w = w.max(wj + 1);
+            }
+        }
+        if waves.len() <= w {
+            waves.resize_with(w + 1, Vec::new);
+        }
+        if let Some(wave) = waves.get_mut(w) {
+            wave.push(i);
+        }
+        wave_of.push(Some(w));
+    }
+    waves.retain(|w| !w.is_empty());
+    waves
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(allowed: bool, key: &str, risk: Risk, parallel: bool) -> ScheduleItem {
+        ScheduleItem {
+            allowed,
+            conflict_key: key.into(),
+            risk,
+            parallel,
+        }
+    }
+
+    #[test]
+    fn writes_on_one_key_are_ordered_and_reads_share_a_wave() {
+        let items = [
+            item(true, "t:Order:1", Risk::Read, true),
+            item(true, "t:Order:1", Risk::Read, true),
+            item(true, "t:Order:1", Risk::Write, true),
+            item(true, "t:Order:2", Risk::Write, true),
+            item(false, "t:Order:2", Risk::Write, true),
+            item(true, "t:Order:1", Risk::Read, true),
+        ];
+        assert_eq!(schedule(&items), vec![vec![0, 1, 3], vec![2], vec![5]]);
+    }
+
+    #[test]
+    fn a_non_parallel_call_is_alone_and_a_barrier() {
+        let items = [
+            item(true, "a", Risk::Read, true),
+            item(true, "b", Risk::External, false),
+            item(true, "c", Risk::Read, true),
+            item(true, "d", Risk::Read, true),
+        ];
+        assert_eq!(schedule(&items), vec![vec![0], vec![1], vec![2, 3]]);
+    }
+
+    #[test]
+    fn nothing_allowed_means_no_waves() {
+        assert!(schedule(&[item(false, "a", Risk::Read, true)]).is_empty());
+    }
+}

@@ -1,0 +1,238 @@
+//! Configuration: `toolgate.toml`, overridden by `TOOLGATE_*` environment
+//! variables and command-line flags (in that order of precedence, flags last).
+//!
+//! The file is parsed into a raw struct that refuses unknown keys, then
+//! validated into a typed [`Config`].
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::authorizer::AuthorizerConfig;
+use crate::decode::Limits;
+
+/// The default listen address: loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+/// The default store: an embedded SQLite file under `./toolgate-data/`.
+pub const DEFAULT_STORE: &str = "sqlite://toolgate-data/toolgate.db";
+
+/// Why the configuration is unusable.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ConfigError {
+    #[error("cannot read config file `{path}`: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config file `{path}`: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("invalid `{key}`: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    policies: Option<PathBuf>,
+    listen: Option<String>,
+    store: Option<String>,
+    jwks_file: Option<PathBuf>,
+    issuer: Option<String>,
+    audience: Option<String>,
+    #[serde(default)]
+    limits: RawLimits,
+    #[serde(default)]
+    decisions: RawDecisions,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    max_argument_bytes: Option<usize>,
+    max_depth: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDecisions {
+    deadline_margin_ms: Option<u64>,
+    pending_approval_ttl_seconds: Option<u64>,
+    max_violations: Option<usize>,
+}
+
+/// Values given on the command line or in the environment (already merged
+/// by the argument parser); each overrides the file.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub policies: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub store: Option<String>,
+    pub jwks_file: Option<PathBuf>,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+}
+
+/// Where the sidecar listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub policies: PathBuf,
+    pub listen: ListenAddr,
+    pub store: String,
+    pub jwks_file: Option<PathBuf>,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub authorizer: AuthorizerConfig,
+}
+
+impl Config {
+    /// Loads `path` (or `./toolgate.toml` if it exists and no path is
+    /// given), then applies the overrides.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for an unreadable file, an unknown key, or an invalid value.
+    pub fn load(path: Option<&Path>, overrides: Overrides) -> Result<Self, ConfigError> {
+        let raw = match path {
+            Some(p) => read(p)?,
+            None if Path::new("toolgate.toml").is_file() => read(Path::new("toolgate.toml"))?,
+            None => RawConfig::default(),
+        };
+        Self::from_raw(raw, overrides)
+    }
+
+    fn from_raw(raw: RawConfig, o: Overrides) -> Result<Self, ConfigError> {
+        let listen = o
+            .listen
+            .or(raw.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+        let listen = match listen.strip_prefix("unix:") {
+            Some(p) if !p.is_empty() => ListenAddr::Unix(PathBuf::from(p)),
+            Some(_) => {
+                return Err(ConfigError::Invalid {
+                    key: "listen",
+                    reason: "`unix:` needs a path".into(),
+                });
+            }
+            None => {
+                if listen.parse::<std::net::SocketAddr>().is_err() {
+                    return Err(ConfigError::Invalid {
+                        key: "listen",
+                        reason: format!("`{listen}` is not host:port or unix:/path"),
+                    });
+                }
+                ListenAddr::Tcp(listen)
+            }
+        };
+        let mut authorizer = AuthorizerConfig::default();
+        let defaults = Limits::default();
+        authorizer.limits = Limits {
+            max_bytes: raw.limits.max_argument_bytes.unwrap_or(defaults.max_bytes),
+            max_depth: raw.limits.max_depth.unwrap_or(defaults.max_depth),
+        };
+        if authorizer.limits.max_bytes == 0 || authorizer.limits.max_depth == 0 {
+            return Err(ConfigError::Invalid {
+                key: "limits",
+                reason: "limits must be positive".into(),
+            });
+        }
+        if let Some(ms) = raw.decisions.deadline_margin_ms {
+            authorizer.deadline_margin = Duration::from_millis(ms);
+        }
+        if let Some(s) = raw.decisions.pending_approval_ttl_seconds {
+            if s == 0 {
+                return Err(ConfigError::Invalid {
+                    key: "decisions.pending_approval_ttl_seconds",
+                    reason: "must be positive".into(),
+                });
+            }
+            authorizer.pending_approval_ttl = Duration::from_secs(s);
+        }
+        if let Some(n) = raw.decisions.max_violations {
+            authorizer.violation_cap = n.max(1);
+        }
+        Ok(Self {
+            policies: o
+                .policies
+                .or(raw.policies)
+                .unwrap_or_else(|| PathBuf::from("policies")),
+            listen,
+            store: o
+                .store
+                .or(raw.store)
+                .unwrap_or_else(|| DEFAULT_STORE.to_owned()),
+            jwks_file: o.jwks_file.or(raw.jwks_file),
+            issuer: o.issuer.or(raw.issuer),
+            audience: o.audience.or(raw.audience),
+            authorizer,
+        })
+    }
+}
+
+fn read(path: &Path) -> Result<RawConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_loopback_and_embedded_sqlite() {
+        let c = Config::from_raw(RawConfig::default(), Overrides::default()).unwrap();
+        assert_eq!(c.listen, ListenAddr::Tcp("127.0.0.1:50051".into()));
+        assert_eq!(c.store, "sqlite://toolgate-data/toolgate.db");
+        assert_eq!(c.policies, PathBuf::from("policies"));
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_and_flags_win() {
+        let err =
+            toml::from_str::<RawConfig>("listen = \"127.0.0.1:1\"\nlisten_port = 3\n").unwrap_err();
+        assert!(
+            err.to_string().contains("unknown field `listen_port`"),
+            "{err}"
+        );
+        let raw: RawConfig =
+            toml::from_str("listen = \"127.0.0.1:1\"\n[limits]\nmax_depth = 8\n").unwrap();
+        let c = Config::from_raw(
+            raw,
+            Overrides {
+                listen: Some("unix:/tmp/tg.sock".into()),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(c.listen, ListenAddr::Unix("/tmp/tg.sock".into()));
+        assert_eq!(c.authorizer.limits.max_depth, 8);
+        let bad = Config::from_raw(
+            RawConfig::default(),
+            Overrides {
+                listen: Some("nowhere".into()),
+                ..Overrides::default()
+            },
+        );
+        assert!(matches!(
+            bad,
+            Err(ConfigError::Invalid { key: "listen", .. })
+        ));
+    }
+}

@@ -1,0 +1,480 @@
+//! Error codes and the error envelope (DESIGN §6): the one table that fixes,
+//! for every stable code, its category, whether it is retryable, what the
+//! caller should do about it, and who may see its message.
+//!
+//! This module owns the *shape* of a non-allow answer. It must not decide
+//! anything: the pipeline picks a code, this table says what the code means.
+
+use serde_json::{Map, Value};
+
+/// Every stable error code toolgate can answer with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ErrorCode {
+    InvalidJson,
+    InvalidArguments,
+    SchemaViolation,
+    ToolNotFound,
+    Unauthorized,
+    Forbidden,
+    ResourceNotFound,
+    PolicyError,
+    ApprovalRequired,
+    ApprovalPending,
+    ApprovalRejected,
+    ApprovalExpired,
+    ApprovalMismatch,
+    ApprovalConsumed,
+    ApprovalNotFound,
+    ApprovalAlreadyDecided,
+    DeadlineExhausted,
+    OperationInProgress,
+    ReconcileRequired,
+    TimeoutUnknown,
+    IdempotencyKeyReused,
+    LeaseLost,
+    OutputInvalid,
+    InternalError,
+}
+
+/// What the caller should do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    RepairArguments,
+    RefreshTools,
+    Reauthenticate,
+    Stop,
+    AwaitApproval,
+    RequestNewApproval,
+    RetrySameKey,
+    Poll,
+    Reconcile,
+    Inspect,
+}
+
+impl Resolution {
+    /// The stable wire string.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::RepairArguments => "repair_arguments",
+            Self::RefreshTools => "refresh_tools",
+            Self::Reauthenticate => "reauthenticate",
+            Self::Stop => "stop",
+            Self::AwaitApproval => "await_approval",
+            Self::RequestNewApproval => "request_new_approval",
+            Self::RetrySameKey => "retry_same_key",
+            Self::Poll => "poll",
+            Self::Reconcile => "reconcile",
+            Self::Inspect => "inspect",
+        }
+    }
+}
+
+/// The fixed meaning of one code: one row of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeInfo {
+    pub code: &'static str,
+    pub category: &'static str,
+    pub retryable: bool,
+    pub resolution: Resolution,
+    /// Whether the message and details may be handed back to the model.
+    pub expose_to_model: bool,
+    /// Whether the message may be shown to the end user.
+    pub expose_to_user: bool,
+}
+
+impl ErrorCode {
+    /// Every code, in table order (used by the table test and the docs).
+    pub const ALL: [Self; 24] = [
+        Self::InvalidJson,
+        Self::InvalidArguments,
+        Self::SchemaViolation,
+        Self::ToolNotFound,
+        Self::Unauthorized,
+        Self::Forbidden,
+        Self::ResourceNotFound,
+        Self::PolicyError,
+        Self::ApprovalRequired,
+        Self::ApprovalPending,
+        Self::ApprovalRejected,
+        Self::ApprovalExpired,
+        Self::ApprovalMismatch,
+        Self::ApprovalConsumed,
+        Self::ApprovalNotFound,
+        Self::ApprovalAlreadyDecided,
+        Self::DeadlineExhausted,
+        Self::OperationInProgress,
+        Self::ReconcileRequired,
+        Self::TimeoutUnknown,
+        Self::IdempotencyKeyReused,
+        Self::LeaseLost,
+        Self::OutputInvalid,
+        Self::InternalError,
+    ];
+
+    /// The table (DESIGN §6). Changing a row is a breaking change for every
+    /// executor: `envelope::tests::table_is_locked` pins it.
+    #[must_use]
+    pub const fn info(self) -> CodeInfo {
+        use Resolution as R;
+        let (code, category, retryable, resolution, model, user) = match self {
+            Self::InvalidJson => (
+                "invalid_json",
+                "arguments",
+                false,
+                R::RepairArguments,
+                true,
+                true,
+            ),
+            Self::InvalidArguments => (
+                "invalid_arguments",
+                "arguments",
+                false,
+                R::RepairArguments,
+                true,
+                true,
+            ),
+            Self::SchemaViolation => (
+                "schema_violation",
+                "arguments",
+                false,
+                R::RepairArguments,
+                true,
+                true,
+            ),
+            Self::ToolNotFound => ("tool_not_found", "tool", false, R::RefreshTools, true, true),
+            Self::Unauthorized => (
+                "unauthorized",
+                "authentication",
+                false,
+                R::Reauthenticate,
+                false,
+                true,
+            ),
+            Self::Forbidden => ("forbidden", "authorization", false, R::Stop, true, true),
+            Self::ResourceNotFound => (
+                "resource_not_found",
+                "authorization",
+                false,
+                R::Stop,
+                false,
+                true,
+            ),
+            Self::PolicyError => (
+                "policy_error",
+                "authorization",
+                false,
+                R::Stop,
+                false,
+                false,
+            ),
+            Self::ApprovalRequired => (
+                "approval_required",
+                "approval",
+                false,
+                R::AwaitApproval,
+                true,
+                true,
+            ),
+            Self::ApprovalPending => (
+                "approval_pending",
+                "approval",
+                true,
+                R::AwaitApproval,
+                true,
+                true,
+            ),
+            Self::ApprovalRejected => (
+                "approval_rejected",
+                "approval",
+                false,
+                R::RequestNewApproval,
+                true,
+                true,
+            ),
+            Self::ApprovalExpired => (
+                "approval_expired",
+                "approval",
+                false,
+                R::RequestNewApproval,
+                true,
+                true,
+            ),
+            Self::ApprovalMismatch => (
+                "approval_mismatch",
+                "approval",
+                false,
+                R::RequestNewApproval,
+                true,
+                true,
+            ),
+            Self::ApprovalConsumed => (
+                "approval_consumed",
+                "approval",
+                false,
+                R::RequestNewApproval,
+                true,
+                true,
+            ),
+            Self::ApprovalNotFound => (
+                "approval_not_found",
+                "approval",
+                false,
+                R::RequestNewApproval,
+                true,
+                true,
+            ),
+            Self::ApprovalAlreadyDecided => (
+                "approval_already_decided",
+                "approval",
+                false,
+                R::Stop,
+                false,
+                true,
+            ),
+            Self::DeadlineExhausted => (
+                "deadline_exhausted",
+                "deadline",
+                true,
+                R::RetrySameKey,
+                false,
+                false,
+            ),
+            Self::OperationInProgress => (
+                "operation_in_progress",
+                "execution",
+                true,
+                R::Poll,
+                false,
+                false,
+            ),
+            Self::ReconcileRequired => (
+                "reconcile_required",
+                "execution",
+                false,
+                R::Reconcile,
+                false,
+                false,
+            ),
+            Self::TimeoutUnknown => (
+                "timeout_unknown",
+                "execution",
+                false,
+                R::Reconcile,
+                false,
+                false,
+            ),
+            Self::IdempotencyKeyReused => (
+                "idempotency_key_reused",
+                "execution",
+                false,
+                R::Stop,
+                false,
+                false,
+            ),
+            Self::LeaseLost => ("lease_lost", "execution", false, R::Stop, false, false),
+            Self::OutputInvalid => (
+                "output_invalid",
+                "execution",
+                false,
+                R::Inspect,
+                false,
+                false,
+            ),
+            Self::InternalError => (
+                "internal_error",
+                "internal",
+                true,
+                R::RetrySameKey,
+                false,
+                false,
+            ),
+        };
+        CodeInfo {
+            code,
+            category,
+            retryable,
+            resolution,
+            expose_to_model: model,
+            expose_to_user: user,
+        }
+    }
+
+    /// The stable wire string of the code.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        self.info().code
+    }
+}
+
+/// One non-allow answer: a code with its message and details.
+///
+/// `message` is written for the model and the user: it never holds stack
+/// traces, tokens, SQL, host names or raw arguments. Details are a JSON object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Envelope {
+    pub code: ErrorCode,
+    pub message: String,
+    pub details: Map<String, Value>,
+}
+
+impl Envelope {
+    /// An envelope with no details.
+    #[must_use]
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            details: Map::new(),
+        }
+    }
+
+    /// Adds one detail field.
+    #[must_use]
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.details.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// The fixed row of this envelope's code.
+    #[must_use]
+    pub const fn info(&self) -> CodeInfo {
+        self.code.info()
+    }
+
+    /// The details as JSON object text, in canonical (RFC 8785) form so the
+    /// bytes do not depend on insertion order.
+    #[must_use]
+    pub fn details_json(&self) -> String {
+        canonical(&Value::Object(self.details.clone()))
+    }
+
+    /// The JSON text to hand back to the model: only model-safe fields. For a
+    /// code the model may not see in full, only the code, a generic message
+    /// and what to do are given.
+    #[must_use]
+    pub fn model_output(&self) -> String {
+        let info = self.info();
+        let mut error = Map::new();
+        error.insert("code".into(), info.code.into());
+        let message = if info.expose_to_model {
+            self.message.clone()
+        } else {
+            generic_message(self.code).to_owned()
+        };
+        error.insert("message".into(), message.into());
+        error.insert("retryable".into(), info.retryable.into());
+        error.insert("resolution".into(), info.resolution.as_str().into());
+        if info.expose_to_model && !self.details.is_empty() {
+            error.insert("details".into(), Value::Object(self.details.clone()));
+        }
+        let mut root = Map::new();
+        root.insert("error".into(), Value::Object(error));
+        canonical(&Value::Object(root))
+    }
+}
+
+/// Canonical text of a value built here; it holds no non-finite numbers, so
+/// this cannot fail, and if it ever did an empty object is the safe answer.
+fn canonical(v: &Value) -> String {
+    crate::decode::canonical_json(v).unwrap_or_else(|_| "{}".to_owned())
+}
+
+/// What the model is told when the full message is not for it.
+const fn generic_message(code: ErrorCode) -> &'static str {
+    match code {
+        ErrorCode::Unauthorized => "the caller could not be authenticated",
+        ErrorCode::ResourceNotFound | ErrorCode::PolicyError => "the call is not permitted",
+        ErrorCode::ApprovalAlreadyDecided => "the approval was already decided",
+        ErrorCode::DeadlineExhausted => "no time is left to run the call",
+        _ => "the call could not be completed",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole table, row by row. Any change here breaks executors: it
+    /// must be deliberate and announced.
+    #[test]
+    fn table_is_locked() {
+        let rows: Vec<(&str, &str, bool, &str)> = ErrorCode::ALL
+            .iter()
+            .map(|c| {
+                let i = c.info();
+                (i.code, i.category, i.retryable, i.resolution.as_str())
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                ("invalid_json", "arguments", false, "repair_arguments"),
+                ("invalid_arguments", "arguments", false, "repair_arguments"),
+                ("schema_violation", "arguments", false, "repair_arguments"),
+                ("tool_not_found", "tool", false, "refresh_tools"),
+                ("unauthorized", "authentication", false, "reauthenticate"),
+                ("forbidden", "authorization", false, "stop"),
+                ("resource_not_found", "authorization", false, "stop"),
+                ("policy_error", "authorization", false, "stop"),
+                ("approval_required", "approval", false, "await_approval"),
+                ("approval_pending", "approval", true, "await_approval"),
+                (
+                    "approval_rejected",
+                    "approval",
+                    false,
+                    "request_new_approval"
+                ),
+                (
+                    "approval_expired",
+                    "approval",
+                    false,
+                    "request_new_approval"
+                ),
+                (
+                    "approval_mismatch",
+                    "approval",
+                    false,
+                    "request_new_approval"
+                ),
+                (
+                    "approval_consumed",
+                    "approval",
+                    false,
+                    "request_new_approval"
+                ),
+                (
+                    "approval_not_found",
+                    "approval",
+                    false,
+                    "request_new_approval"
+                ),
+                ("approval_already_decided", "approval", false, "stop"),
+                ("deadline_exhausted", "deadline", true, "retry_same_key"),
+                ("operation_in_progress", "execution", true, "poll"),
+                ("reconcile_required", "execution", false, "reconcile"),
+                ("timeout_unknown", "execution", false, "reconcile"),
+                ("idempotency_key_reused", "execution", false, "stop"),
+                ("lease_lost", "execution", false, "stop"),
+                ("output_invalid", "execution", false, "inspect"),
+                ("internal_error", "internal", true, "retry_same_key"),
+            ]
+        );
+    }
+
+    #[test]
+    fn model_output_hides_what_the_model_may_not_see() {
+        let e = Envelope::new(ErrorCode::PolicyError, "policy `p7` errored: overflow")
+            .with("policy_ids", vec!["p7"]);
+        assert_eq!(
+            e.model_output(),
+            r#"{"error":{"code":"policy_error","message":"the call is not permitted","resolution":"stop","retryable":false}}"#
+        );
+        let f = Envelope::new(ErrorCode::Forbidden, "refunds above 500 need a manager")
+            .with("reason", "x");
+        assert_eq!(
+            f.model_output(),
+            r#"{"error":{"code":"forbidden","details":{"reason":"x"},"message":"refunds above 500 need a manager","resolution":"stop","retryable":false}}"#
+        );
+    }
+}

@@ -1,0 +1,270 @@
+//! `AuthorizationService`: Authorize, BatchAuthorize, ValidateResult, ListTools.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use tonic::{Request, Response, Status};
+
+use super::{convert, pb};
+use crate::authorizer::{
+    AuthorizeInput, AuthorizeOutcome, ScheduleItem, ToolCallAuthorizer, schedule,
+};
+use crate::decode;
+use crate::envelope::{Envelope, ErrorCode};
+use crate::telemetry;
+
+/// Most calls one `BatchAuthorize` may carry (one model turn).
+const MAX_BATCH: usize = 128;
+
+/// The decision API for executors.
+#[derive(Debug, Clone)]
+pub struct AuthorizationApi {
+    authorizer: Arc<ToolCallAuthorizer>,
+}
+
+impl AuthorizationApi {
+    pub fn new(authorizer: Arc<ToolCallAuthorizer>) -> Self {
+        Self { authorizer }
+    }
+
+    async fn decide(
+        &self,
+        req: pb::AuthorizeRequest,
+        metadata: &tonic::metadata::MetadataMap,
+        arrived: Instant,
+    ) -> Result<pb::AuthorizeResponse, Status> {
+        let pb::AuthorizeRequest {
+            tool,
+            arguments,
+            auth,
+            call_id,
+            request_id,
+            approval_id,
+            deadline,
+            entities_json,
+            tool_version,
+            begin_execution,
+            lease_ms: _,
+        } = req;
+        if begin_execution {
+            return Err(Status::unimplemented(
+                "begin_execution is not implemented yet",
+            ));
+        }
+        let input = AuthorizeInput {
+            tool,
+            arguments,
+            caller: convert::caller(auth),
+            call_id,
+            request_id,
+            approval_id,
+            deadline: convert::deadline(deadline.as_ref(), metadata, arrived),
+            entities_json,
+            tool_version,
+        };
+        let outcome = self
+            .authorizer
+            .authorize(&input)
+            .await
+            .map_err(|e| convert::executor_status(&e))?;
+        telemetry::audit_decision(&input, &outcome, arrived.elapsed());
+        Ok(response(outcome))
+    }
+}
+
+fn response(o: AuthorizeOutcome) -> pb::AuthorizeResponse {
+    let AuthorizeOutcome {
+        decision,
+        decision_id,
+        call_id,
+        normalized_arguments,
+        arguments_sha256,
+        idempotency_key,
+        conflict_key,
+        risk,
+        timeout_ms,
+        parallel,
+        idempotent,
+        approval,
+        error,
+        policy_version,
+        tool_version,
+        policies: _,
+    } = o;
+    pb::AuthorizeResponse {
+        decision: convert::decision(decision).into(),
+        decision_id,
+        call_id,
+        normalized_arguments,
+        arguments_sha256,
+        idempotency_key,
+        conflict_key,
+        risk: convert::risk(risk).into(),
+        timeout_ms,
+        parallel,
+        idempotent,
+        approval: approval.map(|(approval_id, expires_at)| pb::ApprovalRef {
+            approval_id,
+            expires_at: Some(convert::timestamp(expires_at)),
+        }),
+        model_output: error
+            .as_ref()
+            .map(Envelope::model_output)
+            .unwrap_or_default(),
+        error: error.as_ref().map(convert::envelope),
+        policy_version,
+        tool_version,
+        execution: None,
+    }
+}
+
+#[tonic::async_trait]
+impl pb::authorization_service_server::AuthorizationService for AuthorizationApi {
+    async fn authorize(
+        &self,
+        request: Request<pb::AuthorizeRequest>,
+    ) -> Result<Response<pb::AuthorizeResponse>, Status> {
+        let arrived = Instant::now();
+        let metadata = request.metadata().clone();
+        let answer = self
+            .decide(request.into_inner(), &metadata, arrived)
+            .await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn batch_authorize(
+        &self,
+        request: Request<pb::BatchAuthorizeRequest>,
+    ) -> Result<Response<pb::BatchAuthorizeResponse>, Status> {
+        let arrived = Instant::now();
+        let metadata = request.metadata().clone();
+        let pb::BatchAuthorizeRequest { requests } = request.into_inner();
+        if requests.len() > MAX_BATCH {
+            return Err(convert::executor_status(
+                &crate::authorizer::ExecutorError {
+                    field: "requests",
+                    description: format!("at most {MAX_BATCH} calls per batch"),
+                },
+            ));
+        }
+        let mut responses = Vec::with_capacity(requests.len());
+        for req in requests {
+            responses.push(self.decide(req, &metadata, arrived).await?);
+        }
+        let items: Vec<ScheduleItem> = responses
+            .iter()
+            .map(|r| ScheduleItem {
+                allowed: r.decision() == pb::Decision::Allow,
+                conflict_key: r.conflict_key.clone(),
+                risk: risk_of(r.risk()),
+                parallel: r.parallel,
+            })
+            .collect();
+        let waves = schedule(&items)
+            .into_iter()
+            .map(|w| pb::Wave {
+                call_indexes: w
+                    .into_iter()
+                    .filter_map(|i| u32::try_from(i).ok())
+                    .collect(),
+            })
+            .collect();
+        Ok(Response::new(pb::BatchAuthorizeResponse {
+            responses,
+            waves,
+        }))
+    }
+
+    async fn validate_result(
+        &self,
+        request: Request<pb::ValidateResultRequest>,
+    ) -> Result<Response<pb::ValidateResultResponse>, Status> {
+        let pb::ValidateResultRequest { tool, result_json } = request.into_inner();
+        let engine = self.authorizer.engine();
+        let Some(contract) = engine.tools().get(&tool) else {
+            let e = Envelope::new(ErrorCode::ToolNotFound, "unknown tool")
+                .with("tool", tool.chars().take(64).collect::<String>());
+            return Ok(Response::new(pb::ValidateResultResponse {
+                valid: false,
+                error: Some(convert::envelope(&e)),
+            }));
+        };
+        let value = match decode::parse_strict(result_json.as_bytes(), &decode::Limits::default()) {
+            Ok(v) => v,
+            Err(e) => {
+                let env = Envelope::new(
+                    ErrorCode::OutputInvalid,
+                    format!("the result is not valid JSON: {e}"),
+                )
+                .with("reason", e.reason());
+                return Ok(Response::new(pb::ValidateResultResponse {
+                    valid: false,
+                    error: Some(convert::envelope(&env)),
+                }));
+            }
+        };
+        let violations = contract.validate_output(&value, 20);
+        if violations.is_empty() {
+            return Ok(Response::new(pb::ValidateResultResponse {
+                valid: true,
+                error: None,
+            }));
+        }
+        let list: Vec<Value> = violations
+            .iter()
+            .map(|v| json!({"pointer": v.pointer, "keyword": v.keyword, "message": v.message}))
+            .collect();
+        let first = violations
+            .first()
+            .map(|v| format!("{} at `{}`", v.message, v.pointer))
+            .unwrap_or_default();
+        let env = Envelope::new(ErrorCode::OutputInvalid, first).with("violations", list);
+        Ok(Response::new(pb::ValidateResultResponse {
+            valid: false,
+            error: Some(convert::envelope(&env)),
+        }))
+    }
+
+    async fn list_tools(
+        &self,
+        _: Request<pb::ListToolsRequest>,
+    ) -> Result<Response<pb::ListToolsResponse>, Status> {
+        let engine = self.authorizer.engine();
+        let tools = engine
+            .tools()
+            .iter()
+            .map(|t| pb::ToolInfo {
+                name: t.name.clone(),
+                version: t.version.clone(),
+                description: t.description.clone(),
+                risk: convert::risk(Some(t.risk)).into(),
+                input_schema_json: t.input_schema_json.to_string(),
+                output_schema_json: t
+                    .output_schema_json
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
+                parallel: t.parallel,
+                idempotent: t.idempotent,
+                timeout_ms: t.timeout_ms,
+            })
+            .collect();
+        Ok(Response::new(pb::ListToolsResponse {
+            tools,
+            policy_version: engine.version().to_owned(),
+        }))
+    }
+}
+
+fn risk_of(r: pb::RiskLevel) -> crate::tools::Risk {
+    use crate::tools::Risk;
+    match r {
+        pb::RiskLevel::Read => Risk::Read,
+        pb::RiskLevel::Write => Risk::Write,
+        pb::RiskLevel::External => Risk::External,
+        pb::RiskLevel::Financial => Risk::Financial,
+        // Unknown risk schedules as the most dangerous: never shares a wave on its key.
+        pb::RiskLevel::Destructive | pb::RiskLevel::Unspecified => Risk::Destructive,
+    }
+}

@@ -1,0 +1,146 @@
+//! Translations between wire and domain types, and the one place that turns
+//! domain errors into gRPC statuses.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tonic::metadata::MetadataMap;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use super::pb;
+use crate::authorizer::{Decision, ExecutorError};
+use crate::clock::UnixMillis;
+use crate::envelope::Envelope;
+use crate::identity::Caller;
+use crate::tools::Risk;
+
+/// An executor mistake: `INVALID_ARGUMENT` with a `BadRequest` field violation.
+pub fn executor_status(e: &ExecutorError) -> Status {
+    Status::with_error_details(
+        Code::InvalidArgument,
+        e.to_string(),
+        ErrorDetails::with_bad_request_violation(e.field, e.description.clone()),
+    )
+}
+
+pub fn envelope(e: &Envelope) -> pb::ErrorEnvelope {
+    let info = e.info();
+    pb::ErrorEnvelope {
+        code: info.code.to_owned(),
+        category: info.category.to_owned(),
+        message: e.message.clone(),
+        retryable: info.retryable,
+        resolution: info.resolution.as_str().to_owned(),
+        expose_to_model: info.expose_to_model,
+        expose_to_user: info.expose_to_user,
+        details_json: e.details_json(),
+    }
+}
+
+pub fn decision(d: Decision) -> pb::Decision {
+    match d {
+        Decision::Allow => pb::Decision::Allow,
+        Decision::Deny => pb::Decision::Deny,
+        Decision::ApprovalRequired => pb::Decision::ApprovalRequired,
+    }
+}
+
+pub fn risk(r: Option<Risk>) -> pb::RiskLevel {
+    match r {
+        None => pb::RiskLevel::Unspecified,
+        Some(Risk::Read) => pb::RiskLevel::Read,
+        Some(Risk::Write) => pb::RiskLevel::Write,
+        Some(Risk::External) => pb::RiskLevel::External,
+        Some(Risk::Financial) => pb::RiskLevel::Financial,
+        Some(Risk::Destructive) => pb::RiskLevel::Destructive,
+    }
+}
+
+pub fn caller(auth: Option<pb::AuthContext>) -> Option<Caller> {
+    let pb::AuthContext {
+        subject_id,
+        tenant_id,
+        scopes,
+        roles,
+        agent_id,
+        session_id,
+        identity_token: _,
+    } = auth?;
+    Some(Caller {
+        subject_id,
+        tenant_id,
+        scopes,
+        roles,
+        agent_id,
+        session_id,
+    })
+}
+
+pub fn timestamp(ms: UnixMillis) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
+    }
+}
+
+/// The earlier of the request's `deadline` field and the gRPC deadline
+/// (`grpc-timeout`), as an instant on the monotonic clock.
+pub fn deadline(
+    field: Option<&prost_types::Timestamp>,
+    metadata: &MetadataMap,
+    arrived: Instant,
+) -> Option<Instant> {
+    let from_field = field.map(|ts| {
+        let secs = u64::try_from(ts.seconds).unwrap_or(0);
+        let nanos = u32::try_from(ts.nanos).unwrap_or(0);
+        let at = UNIX_EPOCH + Duration::new(secs, nanos.min(999_999_999));
+        // A deadline already past leaves no time at all.
+        arrived
+            + at.duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO)
+    });
+    let from_grpc = metadata
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+        .map(|d| arrived + d);
+    match (from_field, from_grpc) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// `grpc-timeout`: up to 8 digits and a unit (H, M, S, m, u, n).
+fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    let unit = v.chars().last()?;
+    let digits = v.get(..v.len().checked_sub(1)?)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        'H' => Duration::from_secs(n.checked_mul(3600)?),
+        'M' => Duration::from_secs(n.checked_mul(60)?),
+        'S' => Duration::from_secs(n),
+        'm' => Duration::from_millis(n),
+        'u' => Duration::from_micros(n),
+        'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_units() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("5u"), Some(Duration::from_micros(5)));
+        assert_eq!(parse_grpc_timeout("123456789m"), None);
+        assert_eq!(parse_grpc_timeout("m"), None);
+        assert_eq!(parse_grpc_timeout("10x"), None);
+    }
+}

@@ -1,0 +1,103 @@
+//! The gRPC surface: wire types ⇄ domain types, nothing more.
+//!
+//! This is the only module that sees tonic or prost. Handlers destructure
+//! each request, call the domain, and translate the answer; executor
+//! mistakes become `INVALID_ARGUMENT` with `google.rpc.BadRequest` details,
+//! everything about the model's call is a normal response with an envelope.
+
+mod approval;
+mod authorization;
+mod convert;
+mod ledger;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+
+use crate::authorizer::ToolCallAuthorizer;
+
+/// The generated wire types, private to the crate except through `pb`.
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    clippy::nursery,
+    missing_docs,
+    unreachable_pub
+)]
+pub mod pb {
+    tonic::include_proto!("toolgate.v1");
+
+    /// The encoded descriptor set, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/toolgate_descriptor.bin"));
+}
+
+/// Why the server stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("gRPC transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Serves every toolgate service, health and reflection on `listener` until
+/// `shutdown` resolves. Used by `main` and by the tests alike.
+///
+/// Health reports NOT_SERVING until the services are wired to a loaded
+/// policy set, SERVING after.
+///
+/// # Errors
+/// [`ServeError`] when the transport fails.
+pub async fn serve(
+    listener: TcpListener,
+    authorizer: Arc<ToolCallAuthorizer>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    use pb::approval_service_server::ApprovalServiceServer;
+    use pb::authorization_service_server::AuthorizationServiceServer;
+    use pb::ledger_service_server::LedgerServiceServer;
+
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+
+    let authorization = AuthorizationServiceServer::new(authorization::AuthorizationApi::new(
+        Arc::clone(&authorizer),
+    ));
+    let approvals = ApprovalServiceServer::new(approval::ApprovalApi);
+    let ledger = LedgerServiceServer::new(ledger::LedgerApi);
+
+    // The policy set is loaded before the authorizer exists, so the
+    // services are ready as soon as they are wired.
+    reporter
+        .set_serving::<AuthorizationServiceServer<authorization::AuthorizationApi>>()
+        .await;
+    reporter
+        .set_serving::<ApprovalServiceServer<approval::ApprovalApi>>()
+        .await;
+    reporter
+        .set_serving::<LedgerServiceServer<ledger::LedgerApi>>()
+        .await;
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+
+    Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(authorization)
+        .add_service(approvals)
+        .add_service(ledger)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,35 @@
+//! toolgate: an authorization sidecar for AI-agent tool executors.
+//!
+//! A model proposes a tool call (a name and some JSON); before anything real
+//! happens the executor asks toolgate, over gRPC, whether the call may run
+//! and how. The map of the crate, in pipeline order:
+//!
+//! - [`decode`]: strict JSON decoding, limits, RFC 8785 canonical form, hashes.
+//! - [`tools`]: tool contracts, JSON Schema validation, input types for Cedar.
+//! - [`policy`]: the Cedar schema, policies, entities, evaluation (the only
+//!   importer of `cedar_policy`).
+//! - [`approvals`]: what an approval is bound to and how it is shown.
+//! - [`authorizer`]: [`authorizer::ToolCallAuthorizer`], the one home of the
+//!   order of the checks.
+//! - [`envelope`]: the error codes and the envelope of every non-allow answer.
+//! - [`store`]: persistence (SQLite; PostgreSQL later) behind one trait.
+//! - [`grpc`]: the wire surface (the only importer of tonic and prost).
+//! - [`config`], [`telemetry`], [`clock`], [`identity`]: the edges.
+//!
+//! See `ARCHITECTURE.md` for the invariants each module keeps.
+
+pub mod approvals;
+pub mod authorizer;
+pub mod clock;
+pub mod config;
+pub mod decode;
+pub mod envelope;
+pub mod grpc;
+pub mod identity;
+pub mod policy;
+pub mod store;
+pub mod telemetry;
+pub mod tools;
+
+#[cfg(test)]
+mod conformance;

@@ -1,0 +1,290 @@
+//! The `toolgate` command line: parses arguments and calls into the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use arc_swap::ArcSwap;
+use clap::{Parser, Subcommand};
+
+use toolgate::authorizer::{AuthorizeInput, ToolCallAuthorizer};
+use toolgate::clock::SystemClock;
+use toolgate::config::{Config, ListenAddr, Overrides};
+use toolgate::identity::Caller;
+use toolgate::policy::PolicyEngine;
+
+#[derive(Parser)]
+#[command(
+    name = "toolgate",
+    version,
+    about = "Authorization sidecar for AI-agent tool executors"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the sidecar.
+    Serve(ServeArgs),
+    /// Load and validate the policy folder; exit non-zero with file:line diagnostics.
+    Check {
+        #[arg(long, env = "TOOLGATE_POLICIES", default_value = "policies")]
+        policies: PathBuf,
+    },
+    /// Print the combined Cedar schema.
+    Schema {
+        #[arg(long, env = "TOOLGATE_POLICIES", default_value = "policies")]
+        policies: PathBuf,
+    },
+    /// One decision from the command line, without a server. Prints the
+    /// answer as JSON; exit 0 for allow, 2 for deny, 3 for approval required.
+    Authorize(AuthorizeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[arg(long, env = "TOOLGATE_CONFIG")]
+    config: Option<PathBuf>,
+    #[arg(long, env = "TOOLGATE_POLICIES")]
+    policies: Option<PathBuf>,
+    /// `host:port` or `unix:/path`.
+    #[arg(long, env = "TOOLGATE_LISTEN")]
+    listen: Option<String>,
+    /// `sqlite:///path/file.db` (default `sqlite://toolgate-data/toolgate.db`).
+    #[arg(long, env = "TOOLGATE_STORE")]
+    store: Option<String>,
+    #[arg(long, env = "TOOLGATE_JWKS_FILE")]
+    jwks_file: Option<PathBuf>,
+    #[arg(long, env = "TOOLGATE_ISSUER")]
+    issuer: Option<String>,
+    #[arg(long, env = "TOOLGATE_AUDIENCE")]
+    audience: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct AuthorizeArgs {
+    #[arg(long, env = "TOOLGATE_POLICIES", default_value = "policies")]
+    policies: PathBuf,
+    /// Where approvals are recorded (default: in memory, discarded).
+    #[arg(long, default_value = ":memory:")]
+    store: String,
+    #[arg(long)]
+    tool: String,
+    /// The arguments exactly as the model produced them.
+    #[arg(long)]
+    args: String,
+    #[arg(long)]
+    subject: String,
+    #[arg(long)]
+    tenant: String,
+    #[arg(long = "scope")]
+    scopes: Vec<String>,
+    #[arg(long = "role")]
+    roles: Vec<String>,
+    #[arg(long, default_value = "")]
+    agent: String,
+    #[arg(long, default_value = "")]
+    session: String,
+    #[arg(long, default_value = "")]
+    request_id: String,
+    #[arg(long, default_value = "")]
+    approval_id: String,
+    /// A file holding the trusted entities (a Cedar entity JSON array).
+    #[arg(long)]
+    entities: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("toolgate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Check { policies } => Ok(check(&policies)),
+        Command::Schema { policies } => {
+            let engine = load_or_report(&policies)?;
+            print!("{}", engine.schema_text());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve(args) => serve(args),
+        Command::Authorize(args) => authorize(args),
+    }
+}
+
+fn check(policies: &std::path::Path) -> ExitCode {
+    match PolicyEngine::load(policies) {
+        Ok(engine) => {
+            for w in engine.warnings() {
+                println!("{w}");
+            }
+            println!(
+                "ok: {} tools, {} policies, {} warning(s), policy_version {}",
+                engine.tools().len(),
+                engine.policy_count(),
+                engine.warnings().len(),
+                engine.version()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            report(&errors);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints every load problem as `file:line:col: message` (the form editors
+/// and CI logs recognise), then each with its source snippet.
+fn report(errors: &toolgate::policy::LoadErrors) {
+    for e in &errors.errors {
+        eprintln!("error: {e}");
+    }
+    let handler = miette::GraphicalReportHandler::new();
+    for e in &errors.errors {
+        let mut out = String::new();
+        if handler.render_report(&mut out, e).is_ok() {
+            eprintln!("{out}");
+        }
+    }
+}
+
+fn load_or_report(policies: &std::path::Path) -> anyhow::Result<PolicyEngine> {
+    PolicyEngine::load(policies).map_err(|errors| {
+        report(&errors);
+        anyhow::anyhow!("the policy set in `{}` is invalid", policies.display())
+    })
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    toolgate::telemetry::init();
+    let overrides = Overrides {
+        policies: args.policies,
+        listen: args.listen,
+        store: args.store,
+        jwks_file: args.jwks_file,
+        issuer: args.issuer,
+        audience: args.audience,
+    };
+    let config = Config::load(args.config.as_deref(), overrides)?;
+    let engine = load_or_report(&config.policies)?;
+    let store = toolgate::store::open(&config.store).context("opening the store")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let ListenAddr::Tcp(addr) = &config.listen else {
+            anyhow::bail!("unix socket listeners are not supported yet");
+        };
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        tracing::info!(
+            listen = %listener.local_addr()?,
+            policies = %config.policies.display(),
+            policy_version = engine.version(),
+            tools = engine.tools().len(),
+            "toolgate serving"
+        );
+        let authorizer = Arc::new(ToolCallAuthorizer::new(
+            Arc::new(ArcSwap::from_pointee(engine)),
+            store,
+            Arc::new(SystemClock),
+            config.authorizer.clone(),
+        ));
+        toolgate::grpc::serve(listener, authorizer, shutdown_signal()).await?;
+        tracing::info!("toolgate stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
+    let engine = load_or_report(&args.policies)?;
+    let store = toolgate::store::open(&args.store).context("opening the store")?;
+    let entities_json = match &args.entities {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
+        }
+        None => String::new(),
+    };
+    let authorizer = ToolCallAuthorizer::new(
+        Arc::new(ArcSwap::from_pointee(engine)),
+        store,
+        Arc::new(SystemClock),
+        toolgate::authorizer::AuthorizerConfig::default(),
+    );
+    let input = AuthorizeInput {
+        tool: args.tool,
+        arguments: args.args.into_bytes(),
+        caller: Some(Caller {
+            subject_id: args.subject,
+            tenant_id: args.tenant,
+            scopes: args.scopes,
+            roles: args.roles,
+            agent_id: args.agent,
+            session_id: args.session,
+        }),
+        call_id: String::new(),
+        request_id: args.request_id,
+        approval_id: args.approval_id,
+        deadline: None,
+        entities_json,
+        tool_version: String::new(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let outcome = runtime.block_on(authorizer.authorize(&input))?;
+    let json = serde_json::json!({
+        "decision": outcome.decision.as_str(),
+        "code": outcome.error.as_ref().map(|e| e.code.as_str()),
+        "message": outcome.error.as_ref().map(|e| e.message.clone()),
+        "details": outcome.error.as_ref().map(|e| serde_json::Value::Object(e.details.clone())),
+        "policies": outcome.policies,
+        "normalized_arguments": outcome.normalized_arguments,
+        "arguments_sha256": outcome.arguments_sha256,
+        "idempotency_key": outcome.idempotency_key,
+        "conflict_key": outcome.conflict_key,
+        "timeout_ms": outcome.timeout_ms,
+        "approval_id": outcome.approval.as_ref().map(|a| a.0.clone()),
+        "policy_version": outcome.policy_version,
+    });
+    println!("{}", serde_json::to_string_pretty(&json)?);
+    Ok(match outcome.decision {
+        toolgate::authorizer::Decision::Allow => ExitCode::SUCCESS,
+        toolgate::authorizer::Decision::Deny => ExitCode::from(2),
+        toolgate::authorizer::Decision::ApprovalRequired => ExitCode::from(3),
+    })
+}

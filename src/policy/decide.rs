@@ -1,0 +1,238 @@
+//! Evaluating one tool call (DESIGN §3.3): entities, request, Cedar, and the
+//! approval-required rule.
+
+use std::collections::{HashMap, HashSet};
+use std::str::FromStr;
+
+use cedar_policy::{
+    Authorizer, Context, Decision, Effect, Entities, Entity, EntityId, EntityTypeName, EntityUid,
+    Request, RestrictedExpression,
+};
+use serde_json::{Map, Value};
+
+use super::PolicyEngine;
+use crate::identity::Caller;
+use crate::tools::{ProjectionError, ToolContract};
+
+/// Everything Cedar needs to know about one call, all of it already
+/// validated: the arguments passed the tool's schema.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolCall<'a> {
+    pub caller: &'a Caller,
+    pub tool: &'a ToolContract,
+    pub arguments: &'a Value,
+    /// The executor's trusted entity data (a Cedar entity JSON array), if any.
+    pub entities: Option<&'a Value>,
+    /// Whether a valid approval bound to this exact call was presented.
+    pub approved: bool,
+}
+
+/// The policy answer for one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyDecision {
+    /// Permitted as it stands.
+    Allow { policies: Vec<String> },
+    /// Denied now, permitted once a human approves (DESIGN §3.3 rule 3).
+    ApprovalRequired { policies: Vec<String> },
+    /// Denied. `reason` is the `@reason` of the determining forbid, the one
+    /// piece of policy text the model may see.
+    Deny {
+        policies: Vec<String>,
+        reason: Option<String>,
+    },
+    /// A policy failed to evaluate: fail closed (DESIGN §3.3 rule 4).
+    Errored { policies: Vec<String> },
+}
+
+/// Why a call could not be evaluated at all.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DecideError {
+    /// The executor's entity data is malformed or does not match the schema.
+    #[error("invalid entities: {0}")]
+    Entities(String),
+    /// The contract names a resource that the request did not supply.
+    #[error("resource `{0}` was not supplied")]
+    ResourceNotFound(String),
+    /// An argument value has no exact Cedar representation.
+    #[error(transparent)]
+    Projection(#[from] ProjectionError),
+    /// The request could not be built against the schema; a toolgate bug.
+    #[error("cannot build the Cedar request: {0}")]
+    Request(String),
+}
+
+fn uid(ty: &str, id: &str) -> Result<EntityUid, DecideError> {
+    let ty = EntityTypeName::from_str(ty).map_err(|e| DecideError::Request(e.to_string()))?;
+    Ok(EntityUid::from_type_name_and_id(ty, EntityId::new(id)))
+}
+
+impl PolicyEngine {
+    /// Decides one tool call.
+    ///
+    /// # Errors
+    /// [`DecideError`] when the call cannot be evaluated: bad entity data,
+    /// a missing resource, or an argument Cedar cannot represent.
+    pub fn decide_tool_call(&self, call: &ToolCall<'_>) -> Result<PolicyDecision, DecideError> {
+        let tool = call.tool;
+        let tenant = uid("Tenant", &call.caller.tenant_id)?;
+        let principal = uid("User", &call.caller.subject_id)?;
+        let action = uid("Action", &tool.name)?;
+        let resource = match (&tool.resource, tool.resource_id(call.arguments)) {
+            (Some(r), Some(id)) => uid(&r.entity_type, id)?,
+            // INVARIANT: the contract loader guarantees the id pointer is a
+            // required string, so a validated argument always has it.
+            (Some(r), None) => return Err(DecideError::ResourceNotFound(r.entity_type.clone())),
+            (None, _) => uid("Tool", &tool.name)?,
+        };
+
+        let entities = self.request_entities(call, &principal, &tenant)?;
+        if entities.get(&resource).is_none() {
+            return Err(DecideError::ResourceNotFound(resource.to_string()));
+        }
+
+        let input = tool.input_type.project(call.arguments)?;
+        let evaluate = |approved: bool| -> Result<cedar_policy::Response, DecideError> {
+            let context = context_json(call, &input, approved);
+            let context = Context::from_json_value(context, Some((&self.schema, &action)))
+                .map_err(|e| DecideError::Request(e.to_string()))?;
+            let request = Request::new(
+                principal.clone(),
+                action.clone(),
+                resource.clone(),
+                context,
+                Some(&self.schema),
+            )
+            .map_err(|e| DecideError::Request(e.to_string()))?;
+            Ok(Authorizer::new().is_authorized(&request, &self.policies, &entities))
+        };
+
+        let first = evaluate(call.approved)?;
+        if let Some(errored) = errored(&first) {
+            return Ok(PolicyDecision::Errored { policies: errored });
+        }
+        if first.decision() == Decision::Allow {
+            return Ok(PolicyDecision::Allow {
+                policies: reasons(&first),
+            });
+        }
+        let policies = reasons(&first);
+        // The forbids that still hold with an approval are the ones no human
+        // can lift: their reason is the one worth telling the model.
+        let mut unliftable = Vec::new();
+        if !call.approved {
+            let second = evaluate(true)?;
+            if let Some(errored) = errored(&second) {
+                return Ok(PolicyDecision::Errored { policies: errored });
+            }
+            if second.decision() == Decision::Allow {
+                // The forbids that fired without approval are what a human lifts.
+                return Ok(PolicyDecision::ApprovalRequired { policies });
+            }
+            unliftable = reasons(&second);
+        }
+        let reason = self
+            .deny_reason(&unliftable)
+            .or_else(|| self.deny_reason(&policies));
+        Ok(PolicyDecision::Deny { policies, reason })
+    }
+
+    /// The first `@reason` among the determining forbid policies (in id order).
+    fn deny_reason(&self, policies: &[String]) -> Option<String> {
+        policies.iter().find_map(|id| {
+            let pid = cedar_policy::PolicyId::new(id);
+            let p = self.policies.policy(&pid)?;
+            if p.effect() == Effect::Forbid {
+                p.annotation("reason").map(ToOwned::to_owned)
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Static entities plus the principal (from the caller only) and the
+    /// executor's entities, validated against the schema.
+    fn request_entities(
+        &self,
+        call: &ToolCall<'_>,
+        principal: &EntityUid,
+        tenant: &EntityUid,
+    ) -> Result<Entities, DecideError> {
+        let roles = call
+            .caller
+            .roles
+            .iter()
+            .map(|r| RestrictedExpression::new_string(r.clone()));
+        let attrs = HashMap::from([
+            (
+                "tenant".to_owned(),
+                RestrictedExpression::new_entity_uid(tenant.clone()),
+            ),
+            ("roles".to_owned(), RestrictedExpression::new_set(roles)),
+        ]);
+        let user = Entity::new(principal.clone(), attrs, HashSet::from([tenant.clone()]))
+            .map_err(|e| DecideError::Request(e.to_string()))?;
+        let tenant_entity = Entity::new_no_attrs(tenant.clone(), HashSet::new());
+        let mut extra = vec![user];
+        if self.static_entities.get(tenant).is_none() {
+            extra.push(tenant_entity);
+        }
+        if let Some(json) = call.entities {
+            let supplied = Entities::from_json_value(json.clone(), Some(&self.schema))
+                .map_err(|e| DecideError::Entities(e.to_string()))?;
+            // The principal comes from the auth context alone (DESIGN §1).
+            if supplied.get(principal).is_some() {
+                return Err(DecideError::Entities(format!(
+                    "entities must not define the principal `{principal}`"
+                )));
+            }
+            extra.extend(supplied.iter().cloned());
+        }
+        self.static_entities
+            .clone()
+            .add_entities(extra, Some(&self.schema))
+            .map_err(|e| DecideError::Entities(e.to_string()))
+    }
+}
+
+fn context_json(call: &ToolCall<'_>, input: &Value, approved: bool) -> Value {
+    let mut c = Map::new();
+    c.insert(
+        "scopes".into(),
+        Value::Array(
+            call.caller
+                .scopes
+                .iter()
+                .cloned()
+                .map(Value::String)
+                .collect(),
+        ),
+    );
+    c.insert("risk".into(), call.tool.risk.as_str().into());
+    c.insert("approved".into(), approved.into());
+    c.insert("agent".into(), call.caller.agent_id.clone().into());
+    c.insert("session".into(), call.caller.session_id.clone().into());
+    c.insert("input".into(), input.clone());
+    Value::Object(c)
+}
+
+fn reasons(r: &cedar_policy::Response) -> Vec<String> {
+    let mut v: Vec<String> = r.diagnostics().reason().map(ToString::to_string).collect();
+    v.sort();
+    v
+}
+
+fn errored(r: &cedar_policy::Response) -> Option<Vec<String>> {
+    let mut v: Vec<String> = r
+        .diagnostics()
+        .errors()
+        .map(|e| match e {
+            cedar_policy::AuthorizationError::PolicyEvaluationError(e) => e.policy_id().to_string(),
+        })
+        .collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort();
+    v.dedup();
+    Some(v)
+}

@@ -1,0 +1,439 @@
+//! Loading a `policies/` folder into a [`PolicyEngine`], with diagnostics
+//! that name the file and line of every problem.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use cedar_policy::{
+    Entities, Entity, EntityId, EntityTypeName, EntityUid, PolicyId, PolicySet,
+    RestrictedExpression, Schema, SchemaFragment, ValidationMode, Validator,
+};
+use miette::Diagnostic;
+use sha2::{Digest, Sha256};
+
+use super::schema::{GENERATED_ENTITY_TYPES, core_fragment, tool_actions_fragment};
+use super::{PolicyEngine, SourceDiagnostic};
+use crate::tools::{ToolContractError, ToolRegistry};
+
+/// One reason a policy folder could not be loaded.
+#[derive(Debug, thiserror::Error, Diagnostic)]
+pub enum PolicyLoadError {
+    #[error("cannot read `{path}`: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Tools(#[from] ToolContractError),
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Source(Box<SourceDiagnostic>),
+}
+
+impl From<SourceDiagnostic> for PolicyLoadError {
+    fn from(d: SourceDiagnostic) -> Self {
+        Self::Source(Box::new(d))
+    }
+}
+
+/// Every problem found in one load, in file order. Loading reports all of
+/// them at once so a team fixes a broken set in one pass.
+#[derive(Debug, thiserror::Error, Diagnostic)]
+#[error("the policy set in `{}` is invalid ({} problem(s))", dir.display(), errors.len())]
+pub struct LoadErrors {
+    pub dir: PathBuf,
+    #[related]
+    pub errors: Vec<PolicyLoadError>,
+}
+
+impl LoadErrors {
+    fn one(dir: &Path, e: impl Into<PolicyLoadError>) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            errors: vec![e.into()],
+        }
+    }
+}
+
+struct SourceFile {
+    path: PathBuf,
+    text: String,
+}
+
+fn read(path: &Path) -> Result<String, PolicyLoadError> {
+    std::fs::read_to_string(path).map_err(|source| PolicyLoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The `*.ext` files directly inside `dir`, sorted by name.
+fn files_with_ext(dir: &Path, ext: &str) -> Result<Vec<PathBuf>, PolicyLoadError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| PolicyLoadError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| PolicyLoadError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let path = entry.path();
+        if path.is_file() && path.extension().is_some_and(|e| e == ext) {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+impl PolicyEngine {
+    /// Loads and validates a whole policy folder (DESIGN §3).
+    ///
+    /// # Errors
+    /// Every problem found: unreadable files, invalid tool contracts, Cedar
+    /// schema or policy syntax errors, strict-validation errors, resource
+    /// types the schema lacks, invalid static entities.
+    pub fn load(dir: &Path) -> Result<Self, LoadErrors> {
+        let tools =
+            ToolRegistry::load_dir(&dir.join("tools")).map_err(|e| LoadErrors::one(dir, e))?;
+        let mut hashed: Vec<SourceFile> = Vec::new();
+        let mut errors: Vec<PolicyLoadError> = Vec::new();
+
+        // The team's schema, combined with the core declarations.
+        let team_path = dir.join("schema.cedarschema");
+        let team_text = if team_path.exists() {
+            read(&team_path).map_err(|e| LoadErrors::one(dir, e))?
+        } else {
+            String::new()
+        };
+        let core_text = core_fragment();
+        let core = parse_fragment(Path::new("<generated>"), &core_text)
+            .map_err(|e| LoadErrors::one(dir, e))?;
+        let team = parse_fragment(&team_path, &team_text).map_err(|e| LoadErrors::one(dir, e))?;
+        check_no_redeclaration(&team_path, &team_text).map_err(|e| LoadErrors::one(dir, e))?;
+        let domain = Schema::from_schema_fragments([core.clone(), team.clone()]).map_err(|e| {
+            LoadErrors::one(
+                dir,
+                SourceDiagnostic::from_diagnostic(&team_path, &team_text, &e),
+            )
+        })?;
+
+        // Every contract's resource type must be a declared entity type.
+        let declared: HashSet<String> = domain.entity_types().map(ToString::to_string).collect();
+        for tool in tools.iter() {
+            if let Some(r) = &tool.resource
+                && (!declared.contains(&r.entity_type)
+                    || GENERATED_ENTITY_TYPES.contains(&r.entity_type.as_str()))
+            {
+                errors.push(
+                    SourceDiagnostic::at_offset(
+                        &tool.source_path,
+                        &tool.source_text,
+                        tool.source_text.find("\"resource\""),
+                        format!(
+                            "tool `{}`: resource type `{}` is not declared in `{}`",
+                            tool.name,
+                            r.entity_type,
+                            team_path.display()
+                        ),
+                    )
+                    .into(),
+                );
+            }
+            hashed.push(SourceFile {
+                path: tool.source_path.clone(),
+                text: tool.source_text.clone(),
+            });
+        }
+        if !errors.is_empty() {
+            return Err(LoadErrors {
+                dir: dir.to_path_buf(),
+                errors,
+            });
+        }
+
+        let actions_text = tool_actions_fragment(tools.iter());
+        let actions = parse_fragment(Path::new("<generated actions>"), &actions_text)
+            .map_err(|e| LoadErrors::one(dir, e))?;
+        let schema = Schema::from_schema_fragments([core, team, actions]).map_err(|e| {
+            LoadErrors::one(
+                dir,
+                SourceDiagnostic::whole_file(
+                    &team_path,
+                    format!("combined schema is invalid: {e}"),
+                ),
+            )
+        })?;
+        let schema_text = format!(
+            "{core_text}\n{actions_text}\n// ---- {} ----\n{team_text}",
+            team_path
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        );
+        hashed.push(SourceFile {
+            path: team_path.clone(),
+            text: team_text,
+        });
+
+        // Policies, one file at a time so every span maps to its file.
+        let mut policies = PolicySet::new();
+        let mut origin: BTreeMap<String, usize> = BTreeMap::new();
+        let mut sources: Vec<SourceFile> = Vec::new();
+        let cedar_files = files_with_ext(dir, "cedar").map_err(|e| LoadErrors::one(dir, e))?;
+        for path in cedar_files {
+            let text = read(&path).map_err(|e| LoadErrors::one(dir, e))?;
+            let file_index = sources.len();
+            match load_policy_file(&path, &text) {
+                Ok(list) => {
+                    for policy in list {
+                        let id = policy.id().to_string();
+                        if origin.contains_key(&id) {
+                            errors.push(
+                                SourceDiagnostic::at_offset(
+                                    &path,
+                                    &text,
+                                    text.find(&format!("\"{id}\"")),
+                                    format!("duplicate policy id `{id}`"),
+                                )
+                                .into(),
+                            );
+                            continue;
+                        }
+                        origin.insert(id, file_index);
+                        if let Err(e) = policies.add(policy) {
+                            errors.push(SourceDiagnostic::whole_file(&path, e.to_string()).into());
+                        }
+                    }
+                }
+                Err(mut es) => errors.append(&mut es),
+            }
+            sources.push(SourceFile { path, text });
+        }
+        if !errors.is_empty() {
+            return Err(LoadErrors {
+                dir: dir.to_path_buf(),
+                errors,
+            });
+        }
+
+        // Strict validation against the combined schema.
+        let result = Validator::new(schema.clone()).validate(&policies, ValidationMode::Strict);
+        let locate = |id: &PolicyId| origin.get(&id.to_string()).and_then(|i| sources.get(*i));
+        for e in result.validation_errors() {
+            if let Some(src) = locate(e.policy_id()) {
+                errors.push(SourceDiagnostic::from_diagnostic(&src.path, &src.text, e).into());
+            }
+        }
+        let mut warnings = Vec::new();
+        for w in result.validation_warnings() {
+            if let Some(src) = locate(w.policy_id()) {
+                warnings.push(SourceDiagnostic::from_diagnostic(&src.path, &src.text, w).warning());
+            }
+        }
+        if !errors.is_empty() {
+            return Err(LoadErrors {
+                dir: dir.to_path_buf(),
+                errors,
+            });
+        }
+
+        // Static entities: the deployment's file plus one `Tool` per resource-less tool.
+        let entities_path = dir.join("entities.json");
+        let mut static_entities = if entities_path.exists() {
+            let text = read(&entities_path).map_err(|e| LoadErrors::one(dir, e))?;
+            let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                LoadErrors::one(
+                    dir,
+                    SourceDiagnostic::at_offset(
+                        &entities_path,
+                        &text,
+                        offset_of(&text, e.line(), e.column()),
+                        e.to_string(),
+                    ),
+                )
+            })?;
+            let entities = Entities::from_json_value(value, Some(&schema)).map_err(|e| {
+                LoadErrors::one(
+                    dir,
+                    SourceDiagnostic::from_diagnostic(&entities_path, &text, &e),
+                )
+            })?;
+            hashed.push(SourceFile {
+                path: entities_path.clone(),
+                text,
+            });
+            entities
+        } else {
+            Entities::empty()
+        };
+        let tool_entities = tools
+            .iter()
+            .filter(|t| t.resource.is_none())
+            .map(|t| tool_entity(&t.name, t.risk.as_str()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| {
+                LoadErrors::one(dir, SourceDiagnostic::whole_file(&dir.join("tools"), e))
+            })?;
+        static_entities = static_entities
+            .add_entities(tool_entities, Some(&schema))
+            .map_err(|e| {
+                LoadErrors::one(
+                    dir,
+                    SourceDiagnostic::whole_file(&entities_path, e.to_string()),
+                )
+            })?;
+        // Action entities make `action in Action::"risk:…"` hold.
+        let action_entities = schema.action_entities().map_err(|e| {
+            LoadErrors::one(dir, SourceDiagnostic::whole_file(&team_path, e.to_string()))
+        })?;
+        static_entities = static_entities
+            .add_entities(action_entities.iter().cloned(), None)
+            .map_err(|e| {
+                LoadErrors::one(
+                    dir,
+                    SourceDiagnostic::whole_file(&entities_path, e.to_string()),
+                )
+            })?;
+
+        hashed.extend(sources);
+        let version = version_of(dir, &hashed);
+        Ok(Self {
+            tools,
+            schema,
+            policies,
+            static_entities,
+            schema_text,
+            version,
+            warnings,
+        })
+    }
+}
+
+fn parse_fragment(path: &Path, text: &str) -> Result<SchemaFragment, PolicyLoadError> {
+    SchemaFragment::from_cedarschema_str(text)
+        .map(|(f, _warnings)| f)
+        .map_err(|e| SourceDiagnostic::from_diagnostic(path, text, &e).into())
+}
+
+/// A team schema may not declare the names toolgate generates.
+fn check_no_redeclaration(path: &Path, text: &str) -> Result<(), PolicyLoadError> {
+    for name in GENERATED_ENTITY_TYPES {
+        for (offset, _) in text.match_indices("entity") {
+            let rest = text.get(offset + "entity".len()..).unwrap_or("");
+            let declared = rest
+                .split(|c: char| c.is_whitespace() || c == ',' || c == ';' || c == '{')
+                .find(|w| !w.is_empty());
+            if declared == Some(name) {
+                return Err(SourceDiagnostic::at_offset(
+                    path,
+                    text,
+                    Some(offset),
+                    format!("entity type `{name}` is generated by toolgate and must not be declared here"),
+                )
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parses one `.cedar` file and gives each policy its stable id: its `@id`
+/// annotation, else `<file name>#<index in file>`.
+fn load_policy_file(
+    path: &Path,
+    text: &str,
+) -> Result<Vec<cedar_policy::Policy>, Vec<PolicyLoadError>> {
+    let set = PolicySet::from_str(text)
+        .map_err(|e| vec![SourceDiagnostic::from_diagnostic(path, text, &e).into()])?;
+    if set.templates().next().is_some() {
+        return Err(vec![
+            SourceDiagnostic::at_offset(
+                path,
+                text,
+                text.find("?principal").or_else(|| text.find("?resource")),
+                "templates are not supported; write static policies".into(),
+            )
+            .into(),
+        ]);
+    }
+    let file_name = path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let mut list: Vec<(usize, cedar_policy::Policy)> = set
+        .policies()
+        .map(|p| {
+            // Cedar numbers the policies of one parse in source order: `policy<N>`.
+            let n = p
+                .id()
+                .to_string()
+                .trim_start_matches("policy")
+                .parse::<usize>()
+                .unwrap_or(usize::MAX);
+            (n, p.clone())
+        })
+        .collect();
+    list.sort_by_key(|(n, _)| *n);
+    Ok(list
+        .into_iter()
+        .map(|(n, p)| {
+            let id = p
+                .annotation("id")
+                .map_or_else(|| format!("{file_name}#{n}"), ToOwned::to_owned);
+            p.new_id(PolicyId::new(id))
+        })
+        .collect())
+}
+
+/// Byte offset of a 1-based line and column (serde_json's error position).
+fn offset_of(text: &str, line: usize, column: usize) -> Option<usize> {
+    let mut offset = 0;
+    for (i, l) in text.split_inclusive('\n').enumerate() {
+        if i + 1 == line {
+            return Some(offset + column.saturating_sub(1).min(l.len()));
+        }
+        offset += l.len();
+    }
+    None
+}
+
+fn tool_entity(name: &str, risk: &str) -> Result<Entity, String> {
+    let ty = EntityTypeName::from_str("Tool").map_err(|e| e.to_string())?;
+    let uid = EntityUid::from_type_name_and_id(ty, EntityId::new(name));
+    let attrs = std::collections::HashMap::from([(
+        "risk".to_owned(),
+        RestrictedExpression::new_string(risk.to_owned()),
+    )]);
+    Entity::new(uid, attrs, HashSet::new()).map_err(|e| e.to_string())
+}
+
+/// `policy_version`: SHA-256 over every loaded file's path (relative to the
+/// folder) and content, in a fixed order.
+fn version_of(dir: &Path, files: &[SourceFile]) -> String {
+    let mut sorted: Vec<(String, &str)> = files
+        .iter()
+        .map(|f| {
+            (
+                f.path
+                    .strip_prefix(dir)
+                    .unwrap_or(&f.path)
+                    .to_string_lossy()
+                    .into_owned(),
+                f.text.as_str(),
+            )
+        })
+        .collect();
+    sorted.sort();
+    let mut h = Sha256::new();
+    for (path, text) in sorted {
+        h.update((path.len() as u64).to_be_bytes());
+        h.update(path.as_bytes());
+        h.update((text.len() as u64).to_be_bytes());
+        h.update(text.as_bytes());
+    }
+    hex::encode(h.finalize())
+}

@@ -1,0 +1,110 @@
+//! Persistent state: approvals (and, later, the execution ledger).
+//!
+//! [`Store`] is the one interface every backend implements with the same
+//! semantics; each method is one database transaction. Backends touch the
+//! outside world and hold no authorization rules of their own.
+
+mod sqlite;
+
+pub use sqlite::SqliteStore;
+
+use async_trait::async_trait;
+
+use crate::approvals::{ApprovalRecord, NewApproval};
+use crate::clock::UnixMillis;
+
+/// Why the store could not answer. Messages are for logs, never for the model.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the store at `{path}`: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("cannot create the store directory `{path}`: {source}")]
+    CreateDir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("the store schema is version {found}, newer than this binary knows ({known})")]
+    SchemaTooNew { found: i64, known: i64 },
+    #[error("a stored row is corrupt: {0}")]
+    Corrupt(String),
+    #[error("the store task failed: {0}")]
+    Task(String),
+    #[error("unsupported store url `{0}` (use sqlite:///path/file.db)")]
+    UnsupportedUrl(String),
+}
+
+/// The result of trying to consume an approval for one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalUse {
+    /// Now bound to this idempotency key (or already was: a retry).
+    Consumed,
+    /// Already consumed by another idempotency key.
+    ConsumedByOther,
+    /// No longer approved and unexpired.
+    NotUsable,
+}
+
+/// The persistence every backend provides.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// Returns the PENDING, unexpired approval bound to exactly this call
+    /// (tenant, requester, tool, arguments hash, request id), creating it
+    /// from `new` if there is none, in one transaction: the same call again
+    /// never floods approvers with duplicates.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn pending_approval_for_call(
+        &self,
+        new: NewApproval,
+        now: UnixMillis,
+    ) -> Result<ApprovalRecord, StoreError>;
+
+    /// The approval with this id in this tenant.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn get_approval(
+        &self,
+        tenant_id: &str,
+        approval_id: &str,
+    ) -> Result<Option<ApprovalRecord>, StoreError>;
+
+    /// Binds an APPROVED, unexpired approval to `idempotency_key`, atomically:
+    /// the first key wins, the same key may use it again.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn consume_approval(
+        &self,
+        tenant_id: &str,
+        approval_id: &str,
+        idempotency_key: &str,
+        now: UnixMillis,
+    ) -> Result<ApprovalUse, StoreError>;
+}
+
+/// Opens the store a URL names: `sqlite:///path/file.db` (or a bare path).
+///
+/// # Errors
+/// [`StoreError`] for an unsupported URL or a database that cannot be opened.
+pub fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        return Ok(std::sync::Arc::new(SqliteStore::open(
+            std::path::Path::new(path),
+        )?));
+    }
+    if url.contains("://") {
+        return Err(StoreError::UnsupportedUrl(url.to_owned()));
+    }
+    Ok(std::sync::Arc::new(SqliteStore::open(
+        std::path::Path::new(url),
+    )?))
+}

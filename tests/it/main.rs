@@ -1,0 +1,15 @@
+//! The one integration-test binary: real gRPC on loopback against a real
+//! SQLite file, plus the command line and the Python executor.
+
+// Test code: a failed unwrap is a failed test, with its message.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod authorize;
+mod cli;
+mod python;
+mod support;

@@ -1,0 +1,179 @@
+//! `TestServer`: the real sidecar on `127.0.0.1:0`, stopped through a oneshot.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+use toolgate::authorizer::{AuthorizerConfig, ToolCallAuthorizer};
+use toolgate::clock::SystemClock;
+use toolgate::grpc::pb;
+use toolgate::grpc::pb::authorization_service_client::AuthorizationServiceClient;
+use toolgate::policy::PolicyEngine;
+use toolgate::store::SqliteStore;
+
+/// The example deployment shipped in `policies/`.
+pub fn example_policies() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies")
+}
+
+/// A fixture folder under `tests/it/fixtures/`.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/it/fixtures")
+        .join(name)
+}
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    /// The server's SQLite file, for tests that inspect or reopen it.
+    #[allow(dead_code)]
+    pub db_path: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::start_with(&example_policies(), AuthorizerConfig::default()).await
+    }
+
+    pub async fn start_with(policies: &Path, config: AuthorizerConfig) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let db_path = dir.path().join("toolgate.db");
+        let engine = PolicyEngine::load(policies).unwrap_or_else(|e| panic!("{e:?}"));
+        let store = Arc::new(SqliteStore::open(&db_path).unwrap());
+        let authorizer = Arc::new(ToolCallAuthorizer::new(
+            Arc::new(ArcSwap::from_pointee(engine)),
+            store,
+            Arc::new(SystemClock),
+            config,
+        ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            toolgate::grpc::serve(listener, authorizer, async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        Self {
+            addr,
+            db_path,
+            stop: Some(stop),
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
+    pub async fn channel(&self) -> Channel {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5));
+        // The listener is bound before `start` returns, so this connects at once.
+        endpoint.connect().await.unwrap()
+    }
+
+    pub async fn client(&self) -> AuthorizationServiceClient<Channel> {
+        AuthorizationServiceClient::new(self.channel().await)
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// An auth context for a user of a tenant.
+pub fn auth(subject: &str, tenant: &str, roles: &[&str], scopes: &[&str]) -> pb::AuthContext {
+    pb::AuthContext {
+        subject_id: subject.into(),
+        tenant_id: tenant.into(),
+        scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+        roles: roles.iter().map(|s| (*s).to_owned()).collect(),
+        agent_id: "support-bot".into(),
+        session_id: "sess-1".into(),
+        identity_token: String::new(),
+    }
+}
+
+/// The support agent of tenant `acme` with every scope the example uses.
+pub fn agent_bob() -> pb::AuthContext {
+    auth(
+        "bob",
+        "acme",
+        &["support_agent"],
+        &[
+            "orders:read",
+            "orders:refund",
+            "customers:write",
+            "email:send",
+            "docs:read",
+        ],
+    )
+}
+
+/// The trusted entities an executor would load for the example: orders and
+/// customers of two tenants.
+pub fn entities() -> String {
+    serde_json::json!([
+        {"uid": {"type": "Order", "id": "ord_1001"}, "parents": [{"type": "Tenant", "id": "acme"}],
+         "attrs": {"tenant": {"__entity": {"type": "Tenant", "id": "acme"}}, "owner": {"__entity": {"type": "User", "id": "alice"}},
+                   "status": "delivered", "total_cents": 50000}},
+        {"uid": {"type": "Order", "id": "ord_2001"}, "parents": [{"type": "Tenant", "id": "globex"}],
+         "attrs": {"tenant": {"__entity": {"type": "Tenant", "id": "globex"}}, "owner": {"__entity": {"type": "User", "id": "gina"}},
+                   "status": "delivered", "total_cents": 50000}},
+        {"uid": {"type": "Customer", "id": "cus_alice"}, "parents": [{"type": "Tenant", "id": "acme"}],
+         "attrs": {"tenant": {"__entity": {"type": "Tenant", "id": "acme"}}, "user": {"__entity": {"type": "User", "id": "alice"}},
+                   "email_verified": true}},
+        {"uid": {"type": "Customer", "id": "cus_carol"}, "parents": [{"type": "Tenant", "id": "acme"}],
+         "attrs": {"tenant": {"__entity": {"type": "Tenant", "id": "acme"}}, "user": {"__entity": {"type": "User", "id": "carol"}},
+                   "email_verified": false}}
+    ])
+    .to_string()
+}
+
+/// A request for `tool` with raw argument text, by bob, with the example entities.
+pub fn request(tool: &str, arguments: &str) -> pb::AuthorizeRequest {
+    pb::AuthorizeRequest {
+        tool: tool.into(),
+        arguments: arguments.as_bytes().to_vec(),
+        auth: Some(agent_bob()),
+        call_id: "call-1".into(),
+        request_id: "req-1".into(),
+        entities_json: entities(),
+        ..Default::default()
+    }
+}
+
+/// The details of an envelope as JSON.
+pub fn details(r: &pb::AuthorizeResponse) -> serde_json::Value {
+    serde_json::from_str(&r.error.as_ref().expect("an envelope").details_json).unwrap()
+}
+
+/// The envelope code of a response ("" for none).
+pub fn code(r: &pb::AuthorizeResponse) -> &str {
+    r.error.as_ref().map_or("", |e| e.code.as_str())
+}
