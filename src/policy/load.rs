@@ -134,7 +134,7 @@ impl PolicyEngine {
                     SourceDiagnostic::at_offset(
                         &tool.source_path,
                         &tool.source_text,
-                        tool.source_text.find("\"resource\""),
+                        tool.offset_of("/resource/type"),
                         format!(
                             "tool `{}`: resource type `{}` is not declared in `{}`",
                             tool.name,

@@ -234,6 +234,20 @@ fn optional_format_with_production_settings() {
 }
 
 #[test]
+fn optional_format_with_format_assertion_on() {
+    let Some(suite) = suite_dir("JSON-Schema-Test-Suite") else {
+        return;
+    };
+    let run = run(
+        &suite,
+        "tests/draft2020-12/optional/format",
+        Formats::AssertedIgnoringUnknown,
+    );
+    assert_eq!(run.tests, 764);
+    assert_deviations(&run, &[]);
+}
+
+#[test]
 fn optional_with_specification_defaults() {
     let Some(suite) = suite_dir("JSON-Schema-Test-Suite") else {
         return;

@@ -29,6 +29,11 @@ pub(crate) enum Formats {
     /// it, to show that the settings differ from the specification in `format` alone.
     #[cfg(test)]
     Annotated,
+    /// Every known format asserted and unknown names ignored: the setting the suite's
+    /// `optional/format` folder assumes ("format assertion on"). Only the conformance suite
+    /// uses it; it differs from [`Formats::Asserted`] in unknown names alone.
+    #[cfg(test)]
+    AssertedIgnoringUnknown,
 }
 
 /// Compiles `schema` with the project's settings (see [`Formats`]). `registry` supplies
@@ -53,6 +58,10 @@ pub(crate) fn compile_schema(
             .should_ignore_unknown_formats(false),
         #[cfg(test)]
         Formats::Annotated => options,
+        #[cfg(test)]
+        Formats::AssertedIgnoringUnknown => options
+            .should_validate_formats(true)
+            .should_ignore_unknown_formats(true),
     };
     if let Some(registry) = registry {
         options = options.with_registry(registry);

@@ -317,9 +317,14 @@ async fn an_erroring_policy_fails_closed_even_when_a_permit_matches() {
     assert_eq!(code(&r), "policy_error");
     assert!(!r.error.as_ref().unwrap().expose_to_model);
     // Without the overflow the permit stands.
-    req.arguments = br#"{"n":0}"#.to_vec();
-    let r = client.authorize(req).await.unwrap().into_inner();
+    req.arguments = br#"{"n":0,"ratio":0.25}"#.to_vec();
+    let r = client.authorize(req.clone()).await.unwrap().into_inner();
     assert_eq!(r.decision(), Decision::Allow, "{r:?}");
+    // A number Cedar's decimal cannot hold exactly is refused, never rounded.
+    req.arguments = br#"{"n":0,"ratio":0.123456}"#.to_vec();
+    let r = client.authorize(req).await.unwrap().into_inner();
+    assert_eq!(code(&r), "invalid_arguments");
+    assert_eq!(details(&r)["reason"], "number_not_representable");
     server.stop().await;
 }
 
@@ -761,5 +766,154 @@ async fn unimplemented_services_say_so() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Unimplemented);
+    server.stop().await;
+}
+
+/// Sets an approval's state in the server's SQLite file, as a decision
+/// through `ApprovalService` would.
+fn set_approval(server: &TestServer, approval_id: &str, status: &str, expires_at_ms: i64) {
+    let conn = rusqlite::Connection::open(&server.db_path).unwrap();
+    let n = conn
+        .execute(
+            "UPDATE approvals SET status = ?1, expires_at = ?2, decided_by = 'dana' WHERE approval_id = ?3",
+            rusqlite::params![status, expires_at_ms, approval_id],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_granted_approval_allows_exactly_its_call_for_one_operation() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let args =
+        r#"{"order_id":"ord_1001","amount_cents":25000,"currency":"USD","reason":"damaged"}"#;
+    let first = client
+        .authorize(request("refund_order", args))
+        .await
+        .unwrap()
+        .into_inner();
+    let approval_id = first.approval.unwrap().approval_id;
+    set_approval(&server, &approval_id, "APPROVED", now_ms() + 600_000);
+
+    let mut with_approval = request("refund_order", args);
+    with_approval.approval_id.clone_from(&approval_id);
+    let allowed = client
+        .authorize(with_approval.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(allowed.decision(), Decision::Allow, "{allowed:?}");
+    assert_eq!(allowed.idempotency_key, first.idempotency_key);
+    // A retry of the same operation (same key) may use it again.
+    assert_eq!(
+        client
+            .authorize(with_approval.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .decision(),
+        Decision::Allow
+    );
+    // Another operation may not.
+    let mut other = with_approval.clone();
+    other.request_id = "req-other".into();
+    assert_eq!(
+        code(&client.authorize(other).await.unwrap().into_inner()),
+        "approval_consumed"
+    );
+    // Changing one argument after approval is refused.
+    let mut changed = request(
+        "refund_order",
+        r#"{"order_id":"ord_1001","amount_cents":25000,"currency":"EUR","reason":"damaged"}"#,
+    );
+    changed.approval_id = approval_id;
+    assert_eq!(
+        code(&client.authorize(changed).await.unwrap().into_inner()),
+        "approval_mismatch"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn rejected_and_expired_approvals_are_refused() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let args =
+        r#"{"order_id":"ord_1001","amount_cents":25000,"currency":"USD","reason":"damaged"}"#;
+    let approval_id = client
+        .authorize(request("refund_order", args))
+        .await
+        .unwrap()
+        .into_inner()
+        .approval
+        .unwrap()
+        .approval_id;
+    let mut with_approval = request("refund_order", args);
+    with_approval.approval_id.clone_from(&approval_id);
+
+    set_approval(&server, &approval_id, "REJECTED", now_ms() + 600_000);
+    assert_eq!(
+        code(
+            &client
+                .authorize(with_approval.clone())
+                .await
+                .unwrap()
+                .into_inner()
+        ),
+        "approval_rejected"
+    );
+    set_approval(&server, &approval_id, "APPROVED", now_ms() - 1);
+    assert_eq!(
+        code(
+            &client
+                .authorize(with_approval.clone())
+                .await
+                .unwrap()
+                .into_inner()
+        ),
+        "approval_expired"
+    );
+    set_approval(&server, &approval_id, "EXPIRED", now_ms() - 1);
+    let r = client.authorize(with_approval).await.unwrap().into_inner();
+    assert_eq!(code(&r), "approval_expired");
+    assert_eq!(r.error.unwrap().resolution, "request_new_approval");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_store_failure_denies_with_a_retryable_internal_error() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    rusqlite::Connection::open(&server.db_path)
+        .unwrap()
+        .execute_batch("DROP TABLE approvals")
+        .unwrap();
+    let args =
+        r#"{"order_id":"ord_1001","amount_cents":25000,"currency":"USD","reason":"damaged"}"#;
+    let r = client
+        .authorize(request("refund_order", args))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.decision(), Decision::Deny);
+    assert_eq!(code(&r), "internal_error");
+    let e = r.error.unwrap();
+    assert!(e.retryable);
+    assert!(
+        !e.message.contains("approvals") && !e.message.to_lowercase().contains("sql"),
+        "{}",
+        e.message
+    );
     server.stop().await;
 }

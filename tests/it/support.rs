@@ -31,7 +31,6 @@ pub fn fixture(name: &str) -> PathBuf {
 pub struct TestServer {
     pub addr: SocketAddr,
     /// The server's SQLite file, for tests that inspect or reopen it.
-    #[allow(dead_code)]
     pub db_path: PathBuf,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
