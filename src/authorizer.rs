@@ -335,7 +335,8 @@ impl ToolCallAuthorizer {
             Err(DecideError::Projection(e)) => {
                 return Ok(out.deny(
                     Envelope::new(ErrorCode::InvalidArguments, e.to_string())
-                        .with("reason", e.reason()),
+                        .with("reason", e.reason())
+                        .with("pointer", e.pointer()),
                 ));
             }
             Err(e @ DecideError::Request(_)) => {

@@ -325,6 +325,7 @@ async fn an_erroring_policy_fails_closed_even_when_a_permit_matches() {
     let r = client.authorize(req).await.unwrap().into_inner();
     assert_eq!(code(&r), "invalid_arguments");
     assert_eq!(details(&r)["reason"], "number_not_representable");
+    assert_eq!(details(&r)["pointer"], "/ratio");
     server.stop().await;
 }
 
