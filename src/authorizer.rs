@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use serde_json::{Value, json};
 
-use crate::approvals::{self, ApprovalRecord, ApprovalStatus, NewApproval};
+use crate::approvals::{
+    self, ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval,
+};
 use crate::clock::{Clock, UnixMillis};
 use crate::decode::{self, DecodeError, Limits};
 use crate::envelope::{Envelope, ErrorCode};
@@ -131,6 +133,7 @@ pub struct ToolCallAuthorizer {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     config: AuthorizerConfig,
+    events: Option<Arc<ApprovalEvents>>,
 }
 
 /// What the pipeline knows of a call after hashing: shared by every answer from there on.
@@ -157,7 +160,15 @@ impl ToolCallAuthorizer {
             store,
             clock,
             config,
+            events: None,
         }
+    }
+
+    /// Announces created and consumed approvals on `events`.
+    #[must_use]
+    pub fn with_events(mut self, events: Arc<ApprovalEvents>) -> Self {
+        self.events = Some(events);
+        self
     }
 
     /// The policy engine now live.
@@ -357,7 +368,17 @@ impl ToolCallAuthorizer {
                         .consume_approval(&record.tenant_id, &record.approval_id, &hashed.key, now)
                         .await
                     {
-                        Ok(ApprovalUse::Consumed) => {}
+                        Ok(ApprovalUse::Consumed { first }) => {
+                            if first {
+                                if let Some(events) = &self.events {
+                                    events.publish(
+                                        ApprovalEventKind::Consumed,
+                                        &record,
+                                        Some(&hashed.key),
+                                    );
+                                }
+                            }
+                        }
                         Ok(ApprovalUse::ConsumedByOther) => {
                             return Ok(
                                 out.deny(approval_envelope(ErrorCode::ApprovalConsumed, &record))
@@ -393,7 +414,12 @@ impl ToolCallAuthorizer {
                     expires_at: now.saturating_add(ttl),
                 };
                 match self.store.pending_approval_for_call(new, now).await {
-                    Ok(record) => {
+                    Ok((record, created)) => {
+                        if created {
+                            if let Some(events) = &self.events {
+                                events.publish(ApprovalEventKind::Created, &record, None);
+                            }
+                        }
                         out.decision = Decision::ApprovalRequired;
                         out.error = Some(
                             Envelope::new(

@@ -5,6 +5,10 @@
 //! when to create them. An approval is usable only when tenant, subject,
 //! tool, risk and arguments hash all match, unexpired and unconsumed.
 
+mod events;
+
+pub use events::{ApprovalEvent, ApprovalEventKind, ApprovalEvents};
+
 use serde_json::Value;
 
 use crate::clock::UnixMillis;

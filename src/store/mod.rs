@@ -10,7 +10,7 @@ pub use sqlite::SqliteStore;
 
 use async_trait::async_trait;
 
-use crate::approvals::{ApprovalRecord, NewApproval};
+use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::clock::UnixMillis;
 
 /// Why the store could not answer. Messages are for logs, never for the model.
@@ -44,11 +44,32 @@ pub enum StoreError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApprovalUse {
     /// Now bound to this idempotency key (or already was: a retry).
-    Consumed,
+    /// `first` is true for the call that consumed it.
+    Consumed { first: bool },
     /// Already consumed by another idempotency key.
     ConsumedByOther,
     /// No longer approved and unexpired.
     NotUsable,
+}
+
+/// A human's decision, to record on a PENDING approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalDecision {
+    pub approve: bool,
+    pub decided_by: String,
+    pub reason: String,
+    pub decided_at: UnixMillis,
+    /// When an approved one stops being usable (the contract's TTL from now).
+    pub approved_expires_at: UnixMillis,
+}
+
+/// What recording a decision did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecideOutcome {
+    Decided(ApprovalRecord),
+    /// Somebody decided first (or it expired): the first decision wins.
+    AlreadyDecided(ApprovalRecord),
+    NotFound,
 }
 
 /// The persistence every backend provides.
@@ -57,7 +78,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Returns the PENDING, unexpired approval bound to exactly this call
     /// (tenant, requester, tool, arguments hash, request id), creating it
     /// from `new` if there is none, in one transaction: the same call again
-    /// never floods approvers with duplicates.
+    /// never floods approvers with duplicates. The flag is true when this
+    /// call created it.
     ///
     /// # Errors
     /// [`StoreError`] when the database fails.
@@ -65,7 +87,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         &self,
         new: NewApproval,
         now: UnixMillis,
-    ) -> Result<ApprovalRecord, StoreError>;
+    ) -> Result<(ApprovalRecord, bool), StoreError>;
 
     /// The approval with this id in this tenant.
     ///
@@ -89,6 +111,38 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         idempotency_key: &str,
         now: UnixMillis,
     ) -> Result<ApprovalUse, StoreError>;
+
+    /// A page of one tenant's approvals in id (creation) order, after the
+    /// approval id `after`, optionally of one status.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn list_approvals(
+        &self,
+        tenant_id: &str,
+        status: Option<ApprovalStatus>,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRecord>, StoreError>;
+
+    /// Records a decision on a PENDING, unexpired approval, atomically: of
+    /// concurrent decisions exactly one is `Decided`.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn decide_approval(
+        &self,
+        tenant_id: &str,
+        approval_id: &str,
+        decision: ApprovalDecision,
+    ) -> Result<DecideOutcome, StoreError>;
+
+    /// Marks EXPIRED every pending approval past its expiry, and every
+    /// approved one past its expiry that nobody consumed; returns them.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn expire_due(&self, now: UnixMillis) -> Result<Vec<ApprovalRecord>, StoreError>;
 }
 
 /// Opens the store a URL names: `sqlite:///path/file.db` (or a bare path).

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use super::{ApprovalUse, Store, StoreError};
+use super::{ApprovalDecision, ApprovalUse, DecideOutcome, Store, StoreError};
 use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::clock::UnixMillis;
 use crate::tools::Risk;
@@ -157,7 +157,7 @@ impl Store for SqliteStore {
         &self,
         new: NewApproval,
         now: UnixMillis,
-    ) -> Result<ApprovalRecord, StoreError> {
+    ) -> Result<(ApprovalRecord, bool), StoreError> {
         self.with(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             // A pending approval past its expiry is no longer pending.
@@ -178,7 +178,7 @@ impl Store for SqliteStore {
                 .optional()?;
             if let Some(record) = existing {
                 tx.commit()?;
-                return record;
+                return record.map(|r| (r, false));
             }
             tx.execute(
                 &format!("INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'PENDING', ?11, ?12, NULL, NULL, NULL, NULL)"),
@@ -198,7 +198,7 @@ impl Store for SqliteStore {
                 ],
             )?;
             tx.commit()?;
-            Ok(ApprovalRecord {
+            Ok((ApprovalRecord {
                 approval_id: new.approval_id,
                 tenant_id: new.tenant_id,
                 requester_subject_id: new.requester_subject_id,
@@ -216,7 +216,7 @@ impl Store for SqliteStore {
                 decided_at: None,
                 reason: None,
                 consumed_by_idempotency_key: None,
-            })
+            }, true))
         })
         .await
     }
@@ -235,14 +235,23 @@ impl Store for SqliteStore {
         );
         self.with(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let changed = tx.execute(
+            let first = tx.execute(
                 "UPDATE approvals SET consumed_by_idempotency_key = ?3 WHERE tenant_id = ?1 AND approval_id = ?2 \
-                 AND status = 'APPROVED' AND expires_at > ?4 \
-                 AND (consumed_by_idempotency_key IS NULL OR consumed_by_idempotency_key = ?3)",
+                 AND status = 'APPROVED' AND expires_at > ?4 AND consumed_by_idempotency_key IS NULL",
                 params![tenant_id, approval_id, key, now],
             )?;
-            let answer = if changed == 1 {
-                ApprovalUse::Consumed
+            let again = if first == 1 {
+                0
+            } else {
+                tx.query_row(
+                    "SELECT COUNT(*) FROM approvals WHERE tenant_id = ?1 AND approval_id = ?2 \
+                     AND status = 'APPROVED' AND expires_at > ?4 AND consumed_by_idempotency_key = ?3",
+                    params![tenant_id, approval_id, key, now],
+                    |r| r.get::<_, i64>(0),
+                )?
+            };
+            let answer = if first == 1 || again == 1 {
+                ApprovalUse::Consumed { first: first == 1 }
             } else {
                 let other: Option<Option<String>> = tx
                     .query_row(
@@ -258,6 +267,101 @@ impl Store for SqliteStore {
             };
             tx.commit()?;
             Ok(answer)
+        })
+        .await
+    }
+
+    async fn list_approvals(
+        &self,
+        tenant_id: &str,
+        status: Option<ApprovalStatus>,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRecord>, StoreError> {
+        let tenant_id = tenant_id.to_owned();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with(move |conn| {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ?1 \
+                 AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR approval_id > ?3) \
+                 ORDER BY approval_id LIMIT ?4"
+            ))?;
+            let rows = stmt.query_map(
+                params![tenant_id, status.map(ApprovalStatus::as_str), after, limit],
+                approval_from_row,
+            )?;
+            let mut out = Vec::new();
+            for row in rows {
+                out.push(row??);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn decide_approval(
+        &self,
+        tenant_id: &str,
+        approval_id: &str,
+        d: ApprovalDecision,
+    ) -> Result<DecideOutcome, StoreError> {
+        let (tenant_id, approval_id) = (tenant_id.to_owned(), approval_id.to_owned());
+        self.with(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let status = if d.approve { "APPROVED" } else { "REJECTED" };
+            // The condition on PENDING makes the first decision win.
+            let changed = tx.execute(
+                "UPDATE approvals SET status = ?3, decided_by = ?4, decided_at = ?5, reason = ?6, \
+                 expires_at = CASE WHEN ?3 = 'APPROVED' THEN ?7 ELSE expires_at END \
+                 WHERE tenant_id = ?1 AND approval_id = ?2 AND status = 'PENDING' AND expires_at > ?5",
+                params![
+                    tenant_id,
+                    approval_id,
+                    status,
+                    d.decided_by,
+                    d.decided_at,
+                    d.reason,
+                    d.approved_expires_at
+                ],
+            )?;
+            let record = tx
+                .query_row(
+                    &format!(
+                        "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ?1 AND approval_id = ?2"
+                    ),
+                    params![tenant_id, approval_id],
+                    approval_from_row,
+                )
+                .optional()?
+                .transpose()?;
+            tx.commit()?;
+            Ok(match record {
+                None => DecideOutcome::NotFound,
+                Some(r) if changed == 1 => DecideOutcome::Decided(r),
+                Some(r) => DecideOutcome::AlreadyDecided(r),
+            })
+        })
+        .await
+    }
+
+    async fn expire_due(&self, now: UnixMillis) -> Result<Vec<ApprovalRecord>, StoreError> {
+        self.with(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = {
+                let mut stmt = tx.prepare(&format!(
+                    "UPDATE approvals SET status = 'EXPIRED' WHERE expires_at <= ?1 \
+                     AND (status = 'PENDING' OR (status = 'APPROVED' AND consumed_by_idempotency_key IS NULL)) \
+                     RETURNING {APPROVAL_COLUMNS}"
+                ))?;
+                let rows = stmt.query_map(params![now], approval_from_row)?;
+                let mut out = Vec::new();
+                for row in rows {
+                    out.push(row??);
+                }
+                out
+            };
+            tx.commit()?;
+            Ok(out)
         })
         .await
     }

@@ -1,0 +1,71 @@
+//! Approval events for watchers (`WatchApprovals`): created, decided,
+//! expired, consumed.
+//!
+//! A broadcast channel: publishing never waits for a subscriber, so a slow
+//! or gone watcher cannot block a decision. A watcher that falls behind by
+//! more than the buffer learns it (`Lagged`) and must re-list.
+
+use std::sync::Arc;
+
+use tokio::sync::broadcast;
+
+use super::ApprovalRecord;
+
+/// What happened to an approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalEventKind {
+    Created,
+    Decided,
+    Expired,
+    Consumed,
+}
+
+/// One event, with the approval as it is after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalEvent {
+    pub kind: ApprovalEventKind,
+    pub approval: ApprovalRecord,
+}
+
+/// The in-process hub of approval events.
+#[derive(Debug, Clone)]
+pub struct ApprovalEvents {
+    tx: broadcast::Sender<Arc<ApprovalEvent>>,
+}
+
+impl ApprovalEvents {
+    /// A hub that buffers `capacity` events per slow watcher.
+    #[must_use]
+    pub fn new(capacity: usize) -> Self {
+        let (tx, _) = broadcast::channel(capacity.max(1));
+        Self { tx }
+    }
+
+    /// Announces an event; `consumed_by` fills in the consuming key for
+    /// [`ApprovalEventKind::Consumed`].
+    pub fn publish(
+        &self,
+        kind: ApprovalEventKind,
+        approval: &ApprovalRecord,
+        consumed_by: Option<&str>,
+    ) {
+        let mut approval = approval.clone();
+        if let Some(key) = consumed_by {
+            approval.consumed_by_idempotency_key = Some(key.to_owned());
+        }
+        // No subscriber is not an error: nobody is watching.
+        let _ = self.tx.send(Arc::new(ApprovalEvent { kind, approval }));
+    }
+
+    /// A new watcher, seeing every event from now on.
+    #[must_use]
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<ApprovalEvent>> {
+        self.tx.subscribe()
+    }
+}
+
+impl Default for ApprovalEvents {
+    fn default() -> Self {
+        Self::new(1024)
+    }
+}
