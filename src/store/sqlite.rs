@@ -388,6 +388,78 @@ impl Store for SqliteStore {
 #[cfg(test)]
 mod tests {
     #[tokio::test]
+    async fn the_first_decision_wins_and_expiry_sweeps_what_is_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("s.db")).unwrap();
+        store
+            .pending_approval_for_call(new_approval("a1", 0), 0)
+            .await
+            .unwrap();
+        let d = |approve: bool, by: &str| ApprovalDecision {
+            approve,
+            decided_by: by.into(),
+            reason: "ok".into(),
+            decided_at: 5,
+            approved_expires_at: 500,
+        };
+        let first = store
+            .decide_approval("t1", "a1", d(true, "dana"))
+            .await
+            .unwrap();
+        let DecideOutcome::Decided(r) = first else {
+            panic!("{first:?}")
+        };
+        assert_eq!(
+            (r.status, r.expires_at, r.decided_by.as_deref()),
+            (ApprovalStatus::Approved, 500, Some("dana"))
+        );
+        let second = store
+            .decide_approval("t1", "a1", d(false, "erin"))
+            .await
+            .unwrap();
+        let DecideOutcome::AlreadyDecided(r) = second else {
+            panic!("{second:?}")
+        };
+        assert_eq!(r.status, ApprovalStatus::Approved);
+        assert_eq!(
+            store
+                .decide_approval("t2", "a1", d(true, "x"))
+                .await
+                .unwrap(),
+            DecideOutcome::NotFound
+        );
+        let mut pending = new_approval("a2", 0);
+        pending.request_id = "r2".into();
+        store.pending_approval_for_call(pending, 0).await.unwrap();
+        assert!(store.expire_due(499).await.unwrap().is_empty());
+        let mut expired: Vec<String> = store
+            .expire_due(1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.approval_id)
+            .collect();
+        expired.sort();
+        assert_eq!(expired, vec!["a1", "a2"]);
+        assert!(store.expire_due(2000).await.unwrap().is_empty());
+        let all = store
+            .list_approvals("t1", Some(ApprovalStatus::Expired), None, 10)
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 2);
+        let page = store
+            .list_approvals("t1", None, Some("a1".into()), 10)
+            .await
+            .unwrap();
+        assert_eq!(
+            page.iter()
+                .map(|r| r.approval_id.as_str())
+                .collect::<Vec<_>>(),
+            vec!["a2"]
+        );
+    }
+
+    #[tokio::test]
     async fn an_approval_is_consumed_by_the_first_key_only() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("s.db")).unwrap();
@@ -406,11 +478,11 @@ mod tests {
         }
         assert_eq!(
             store.consume_approval("t1", "a1", "k1", 1).await.unwrap(),
-            ApprovalUse::Consumed
+            ApprovalUse::Consumed { first: true }
         );
         assert_eq!(
             store.consume_approval("t1", "a1", "k1", 2).await.unwrap(),
-            ApprovalUse::Consumed
+            ApprovalUse::Consumed { first: false }
         );
         assert_eq!(
             store.consume_approval("t1", "a1", "k2", 2).await.unwrap(),
@@ -452,17 +524,19 @@ mod tests {
     async fn the_same_call_gets_the_same_pending_approval_until_it_expires() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("s.db")).unwrap();
-        let a = store
+        let (a, created) = store
             .pending_approval_for_call(new_approval("a1", 0), 0)
             .await
             .unwrap();
-        let b = store
+        assert!(created);
+        let (b, created) = store
             .pending_approval_for_call(new_approval("a2", 10), 10)
             .await
             .unwrap();
+        assert!(!created);
         assert_eq!(a.approval_id, "a1");
         assert_eq!(b.approval_id, "a1");
-        let c = store
+        let (c, _) = store
             .pending_approval_for_call(new_approval("a3", 1000), 1000)
             .await
             .unwrap();
