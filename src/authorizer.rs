@@ -369,14 +369,12 @@ impl ToolCallAuthorizer {
                         .await
                     {
                         Ok(ApprovalUse::Consumed { first }) => {
-                            if first {
-                                if let Some(events) = &self.events {
-                                    events.publish(
-                                        ApprovalEventKind::Consumed,
-                                        &record,
-                                        Some(&hashed.key),
-                                    );
-                                }
+                            if first && let Some(events) = &self.events {
+                                events.publish(
+                                    ApprovalEventKind::Consumed,
+                                    &record,
+                                    Some(&hashed.key),
+                                );
                             }
                         }
                         Ok(ApprovalUse::ConsumedByOther) => {
@@ -415,10 +413,8 @@ impl ToolCallAuthorizer {
                 };
                 match self.store.pending_approval_for_call(new, now).await {
                     Ok((record, created)) => {
-                        if created {
-                            if let Some(events) = &self.events {
-                                events.publish(ApprovalEventKind::Created, &record, None);
-                            }
+                        if created && let Some(events) = &self.events {
+                            events.publish(ApprovalEventKind::Created, &record, None);
                         }
                         out.decision = Decision::ApprovalRequired;
                         out.error = Some(
