@@ -18,6 +18,7 @@
 //!
 //! See `ARCHITECTURE.md` for the invariants each module keeps.
 
+pub mod approval_desk;
 pub mod approvals;
 pub mod authorizer;
 pub mod clock;

@@ -195,13 +195,31 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             tools = engine.tools().len(),
             "toolgate serving"
         );
-        let authorizer = Arc::new(ToolCallAuthorizer::new(
-            Arc::new(ArcSwap::from_pointee(engine)),
-            store,
-            Arc::new(SystemClock),
-            config.authorizer.clone(),
+        if config.jwks_file.is_some() {
+            // TODO-correctness: identity-token verification lands with the approvals issue.
+            anyhow::bail!("--jwks-file is not supported yet");
+        }
+        let engine = Arc::new(ArcSwap::from_pointee(engine));
+        let clock: Arc<dyn toolgate::clock::Clock> = Arc::new(SystemClock);
+        let events = Arc::new(toolgate::approvals::ApprovalEvents::default());
+        let authorizer = Arc::new(
+            ToolCallAuthorizer::new(
+                Arc::clone(&engine),
+                Arc::clone(&store),
+                Arc::clone(&clock),
+                config.authorizer.clone(),
+            )
+            .with_events(Arc::clone(&events)),
+        );
+        let desk = Arc::new(toolgate::approval_desk::ApprovalDesk::new(
+            engine, store, clock, None, events,
         ));
-        toolgate::grpc::serve(listener, authorizer, shutdown_signal()).await?;
+        let services = toolgate::grpc::Services {
+            authorizer,
+            desk,
+            expiry_interval: std::time::Duration::from_secs(1),
+        };
+        toolgate::grpc::serve(listener, services, shutdown_signal()).await?;
         tracing::info!("toolgate stopped");
         Ok(ExitCode::SUCCESS)
     })

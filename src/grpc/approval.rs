@@ -1,13 +1,86 @@
-//! `ApprovalService`: answers `UNIMPLEMENTED` until the approvals issue lands.
+//! `ApprovalService`: list, read, decide and watch approvals, for approval UIs.
 
+use std::sync::Arc;
+
+use tokio::sync::broadcast::error::RecvError;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
+use tonic_types::{ErrorDetails, StatusExt};
 
-use super::pb;
+use super::{convert, pb};
+use crate::approval_desk::{ApprovalDesk, DeskError};
+use crate::approvals::{ApprovalEventKind, ApprovalRecord, ApprovalStatus};
+use crate::envelope::ErrorCode;
 
 /// The approval API for approval UIs.
-#[derive(Debug, Clone, Copy)]
-pub struct ApprovalApi;
+#[derive(Debug, Clone)]
+pub struct ApprovalApi {
+    desk: Arc<ApprovalDesk>,
+}
+
+impl ApprovalApi {
+    pub fn new(desk: Arc<ApprovalDesk>) -> Self {
+        Self { desk }
+    }
+}
+
+/// A desk error on an RPC that has no envelope field: a status whose
+/// `ErrorInfo` reason is the envelope code.
+fn status(e: &DeskError) -> Status {
+    let code = match e.0.code {
+        ErrorCode::Unauthorized => Code::Unauthenticated,
+        ErrorCode::ApprovalNotFound => Code::NotFound,
+        ErrorCode::InvalidArguments => Code::InvalidArgument,
+        _ => Code::Unavailable,
+    };
+    let details = ErrorDetails::with_error_info(
+        e.0.code.as_str(),
+        "toolgate",
+        e.0.details
+            .iter()
+            .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_owned())))
+            .collect::<std::collections::HashMap<_, _>>(),
+    );
+    Status::with_error_details(code, e.0.message.clone(), details)
+}
+
+pub fn approval(r: &ApprovalRecord) -> pb::Approval {
+    let status = match r.status {
+        ApprovalStatus::Pending => pb::ApprovalStatus::Pending,
+        ApprovalStatus::Approved => pb::ApprovalStatus::Approved,
+        ApprovalStatus::Rejected => pb::ApprovalStatus::Rejected,
+        ApprovalStatus::Expired => pb::ApprovalStatus::Expired,
+    };
+    pb::Approval {
+        approval_id: r.approval_id.clone(),
+        tenant_id: r.tenant_id.clone(),
+        requester_subject_id: r.requester_subject_id.clone(),
+        agent_id: r.agent_id.clone(),
+        tool: r.tool.clone(),
+        tool_version: r.tool_version.clone(),
+        risk: convert::risk(Some(r.risk)).into(),
+        arguments_sha256: r.arguments_sha256.clone(),
+        display_arguments: r.display_arguments.clone(),
+        request_id: r.request_id.clone(),
+        status: status.into(),
+        created_at: Some(convert::timestamp(r.created_at)),
+        expires_at: Some(convert::timestamp(r.expires_at)),
+        decided_by: r.decided_by.clone().unwrap_or_default(),
+        decided_at: r.decided_at.map(convert::timestamp),
+        reason: r.reason.clone().unwrap_or_default(),
+        consumed_by_idempotency_key: r.consumed_by_idempotency_key.clone().unwrap_or_default(),
+    }
+}
+
+fn status_filter(s: pb::ApprovalStatus) -> Option<ApprovalStatus> {
+    match s {
+        pb::ApprovalStatus::Unspecified => None,
+        pb::ApprovalStatus::Pending => Some(ApprovalStatus::Pending),
+        pb::ApprovalStatus::Approved => Some(ApprovalStatus::Approved),
+        pb::ApprovalStatus::Rejected => Some(ApprovalStatus::Rejected),
+        pb::ApprovalStatus::Expired => Some(ApprovalStatus::Expired),
+    }
+}
 
 #[tonic::async_trait]
 impl pb::approval_service_server::ApprovalService for ApprovalApi {
@@ -15,35 +88,145 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
 
     async fn list_approvals(
         &self,
-        _: Request<pb::ListApprovalsRequest>,
+        request: Request<pb::ListApprovalsRequest>,
     ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
-        Err(Status::unimplemented(
-            "ListApprovals is not implemented yet",
-        ))
+        let pb::ListApprovalsRequest {
+            identity_token,
+            status: filter,
+            page_size,
+            page_token,
+        } = request.into_inner();
+        let filter = status_filter(
+            pb::ApprovalStatus::try_from(filter).unwrap_or(pb::ApprovalStatus::Unspecified),
+        );
+        let page = self
+            .desk
+            .list(
+                &identity_token,
+                filter,
+                usize::try_from(page_size).unwrap_or(usize::MAX),
+                &page_token,
+            )
+            .await
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::ListApprovalsResponse {
+            approvals: page.approvals.iter().map(approval).collect(),
+            next_page_token: page.next_page_token,
+        }))
     }
 
     async fn get_approval(
         &self,
-        _: Request<pb::GetApprovalRequest>,
+        request: Request<pb::GetApprovalRequest>,
     ) -> Result<Response<pb::GetApprovalResponse>, Status> {
-        Err(Status::unimplemented("GetApproval is not implemented yet"))
+        let pb::GetApprovalRequest {
+            identity_token,
+            approval_id,
+        } = request.into_inner();
+        let r = self
+            .desk
+            .get(&identity_token, &approval_id)
+            .await
+            .map_err(|e| status(&e))?;
+        Ok(Response::new(pb::GetApprovalResponse {
+            approval: Some(approval(&r)),
+        }))
     }
 
     async fn decide_approval(
         &self,
-        _: Request<pb::DecideApprovalRequest>,
+        request: Request<pb::DecideApprovalRequest>,
     ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
-        Err(Status::unimplemented(
-            "DecideApproval is not implemented yet",
-        ))
+        let pb::DecideApprovalRequest {
+            identity_token,
+            approval_id,
+            verdict,
+            arguments_sha256,
+            reason,
+        } = request.into_inner();
+        let approve = match pb::Verdict::try_from(verdict) {
+            Ok(pb::Verdict::Approve) => true,
+            Ok(pb::Verdict::Reject) => false,
+            _ => {
+                return Err(Status::with_error_details(
+                    Code::InvalidArgument,
+                    "invalid `verdict`: must be VERDICT_APPROVE or VERDICT_REJECT",
+                    ErrorDetails::with_bad_request_violation(
+                        "verdict",
+                        "must be VERDICT_APPROVE or VERDICT_REJECT",
+                    ),
+                ));
+            }
+        };
+        match self
+            .desk
+            .decide(
+                &identity_token,
+                &approval_id,
+                approve,
+                &arguments_sha256,
+                &reason,
+            )
+            .await
+        {
+            Ok(r) => Ok(Response::new(pb::DecideApprovalResponse {
+                approval: Some(approval(&r)),
+                error: None,
+            })),
+            Err(DeskError(e)) => Ok(Response::new(pb::DecideApprovalResponse {
+                approval: None,
+                error: Some(convert::envelope(&e)),
+            })),
+        }
     }
 
     async fn watch_approvals(
         &self,
-        _: Request<pb::WatchApprovalsRequest>,
+        request: Request<pb::WatchApprovalsRequest>,
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
-        Err(Status::unimplemented(
-            "WatchApprovals is not implemented yet",
-        ))
+        let pb::WatchApprovalsRequest { identity_token } = request.into_inner();
+        let caller = self
+            .desk
+            .authenticate(&identity_token)
+            .map_err(|e| status(&e))?;
+        let mut events = self.desk.events().subscribe();
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                let event = match events.recv().await {
+                    Ok(e) => e,
+                    Err(RecvError::Lagged(n)) => {
+                        // A watcher that fell behind must re-list: never a silent gap.
+                        let _ = tx
+                            .send(Err(Status::data_loss(format!(
+                                "the watch fell {n} events behind; list again and watch anew"
+                            ))))
+                            .await;
+                        return;
+                    }
+                    Err(RecvError::Closed) => return,
+                };
+                if event.approval.tenant_id != caller.tenant_id {
+                    continue;
+                }
+                let kind = match event.kind {
+                    ApprovalEventKind::Created => pb::ApprovalEventKind::Created,
+                    ApprovalEventKind::Decided => pb::ApprovalEventKind::Decided,
+                    ApprovalEventKind::Expired => pb::ApprovalEventKind::Expired,
+                    ApprovalEventKind::Consumed => pb::ApprovalEventKind::Consumed,
+                };
+                let msg = pb::WatchApprovalsResponse {
+                    event: Some(pb::ApprovalEvent {
+                        kind: kind.into(),
+                        approval: Some(approval(&event.approval)),
+                    }),
+                };
+                // A gone client ends the task; a slow one only fills its own queue.
+                if tx.send(Ok(msg)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 
+use crate::approval_desk::ApprovalDesk;
 use crate::authorizer::ToolCallAuthorizer;
 
 /// The generated wire types, private to the crate except through `pb`.
@@ -44,6 +45,15 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
+/// The domain services the gRPC surface translates for.
+#[derive(Debug, Clone)]
+pub struct Services {
+    pub authorizer: Arc<ToolCallAuthorizer>,
+    pub desk: Arc<ApprovalDesk>,
+    /// How often due approvals are marked expired (and announced).
+    pub expiry_interval: std::time::Duration,
+}
+
 /// Serves every toolgate service, health and reflection on `listener` until
 /// `shutdown` resolves. Used by `main` and by the tests alike.
 ///
@@ -54,7 +64,7 @@ pub enum ServeError {
 /// [`ServeError`] when the transport fails.
 pub async fn serve(
     listener: TcpListener,
-    authorizer: Arc<ToolCallAuthorizer>,
+    services: Services,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     use pb::approval_service_server::ApprovalServiceServer;
@@ -70,10 +80,25 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
 
-    let authorization = AuthorizationServiceServer::new(authorization::AuthorizationApi::new(
-        Arc::clone(&authorizer),
-    ));
-    let approvals = ApprovalServiceServer::new(approval::ApprovalApi);
+    let Services {
+        authorizer,
+        desk,
+        expiry_interval,
+    } = services;
+    let authorization =
+        AuthorizationServiceServer::new(authorization::AuthorizationApi::new(authorizer));
+    let approvals = ApprovalServiceServer::new(approval::ApprovalApi::new(Arc::clone(&desk)));
+    // Expiry needs nobody to ask: a background sweep, stopped with the server.
+    let sweeper = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(expiry_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(e) = desk.expire_due().await {
+                tracing::error!(error = %e, "approval expiry sweep failed");
+            }
+        }
+    });
     let ledger = LedgerServiceServer::new(ledger::LedgerApi);
 
     // The policy set is loaded before the authorizer exists, so the
@@ -91,13 +116,15 @@ pub async fn serve(
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
 
-    Server::builder()
+    let result = Server::builder()
         .add_service(health)
         .add_service(reflection)
         .add_service(authorization)
         .add_service(approvals)
         .add_service(ledger)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await?;
+        .await;
+    sweeper.abort();
+    result?;
     Ok(())
 }

@@ -85,7 +85,7 @@ impl PolicyEngine {
             (None, _) => uid("Tool", &tool.name)?,
         };
 
-        let entities = self.request_entities(call, &principal, &tenant)?;
+        let entities = self.request_entities(call.caller, call.entities, &principal, &tenant)?;
         if entities.get(&resource).is_none() {
             return Err(DecideError::ResourceNotFound(resource.to_string()));
         }
@@ -153,12 +153,12 @@ impl PolicyEngine {
     /// executor's entities, validated against the schema.
     fn request_entities(
         &self,
-        call: &ToolCall<'_>,
+        caller: &Caller,
+        supplied_json: Option<&Value>,
         principal: &EntityUid,
         tenant: &EntityUid,
     ) -> Result<Entities, DecideError> {
-        let roles = call
-            .caller
+        let roles = caller
             .roles
             .iter()
             .map(|r| RestrictedExpression::new_string(r.clone()));
@@ -176,7 +176,7 @@ impl PolicyEngine {
         if self.static_entities.get(tenant).is_none() {
             extra.push(tenant_entity);
         }
-        if let Some(json) = call.entities {
+        if let Some(json) = supplied_json {
             let supplied = Entities::from_json_value(json.clone(), Some(&self.schema))
                 .map_err(|e| DecideError::Entities(e.to_string()))?;
             // The principal comes from the auth context alone (DESIGN §1).
@@ -235,4 +235,63 @@ fn errored(r: &cedar_policy::Response) -> Option<Vec<String>> {
     v.sort();
     v.dedup();
     Some(v)
+}
+
+impl PolicyEngine {
+    /// May `approver` record `verdict` (`"approve"` or `"reject"`) on this
+    /// approval? Action `decide_approval` on the `Approval` entity (DESIGN §4).
+    ///
+    /// # Errors
+    /// [`DecideError::Request`] if the request cannot be built (a bug).
+    pub fn decide_approval(
+        &self,
+        approver: &Caller,
+        approval: &crate::approvals::ApprovalRecord,
+        verdict: &str,
+    ) -> Result<PolicyDecision, DecideError> {
+        let tenant = uid("Tenant", &approver.tenant_id)?;
+        let principal = uid("User", &approver.subject_id)?;
+        let action = uid("Action", "decide_approval")?;
+        let resource = uid("Approval", &approval.approval_id)?;
+        let attrs = HashMap::from([
+            (
+                "tenant".to_owned(),
+                RestrictedExpression::new_entity_uid(uid("Tenant", &approval.tenant_id)?),
+            ),
+            (
+                "tool".to_owned(),
+                RestrictedExpression::new_string(approval.tool.clone()),
+            ),
+            (
+                "risk".to_owned(),
+                RestrictedExpression::new_string(approval.risk.as_str().to_owned()),
+            ),
+            (
+                "requester".to_owned(),
+                RestrictedExpression::new_entity_uid(uid("User", &approval.requester_subject_id)?),
+            ),
+        ]);
+        let approval_entity = Entity::new(resource.clone(), attrs, HashSet::new())
+            .map_err(|e| DecideError::Request(e.to_string()))?;
+        let mut entities = self.request_entities(approver, None, &principal, &tenant)?;
+        entities = entities
+            .add_entities([approval_entity], Some(&self.schema))
+            .map_err(|e| DecideError::Request(e.to_string()))?;
+        let mut c = Map::new();
+        c.insert("verdict".into(), verdict.into());
+        let context = Context::from_json_value(Value::Object(c), Some((&self.schema, &action)))
+            .map_err(|e| DecideError::Request(e.to_string()))?;
+        let request = Request::new(principal, action, resource, context, Some(&self.schema))
+            .map_err(|e| DecideError::Request(e.to_string()))?;
+        let response = Authorizer::new().is_authorized(&request, &self.policies, &entities);
+        if let Some(errored) = errored(&response) {
+            return Ok(PolicyDecision::Errored { policies: errored });
+        }
+        let policies = reasons(&response);
+        if response.decision() == Decision::Allow {
+            return Ok(PolicyDecision::Allow { policies });
+        }
+        let reason = self.deny_reason(&policies);
+        Ok(PolicyDecision::Deny { policies, reason })
+    }
 }

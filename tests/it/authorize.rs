@@ -918,3 +918,35 @@ async fn a_store_failure_denies_with_a_retryable_internal_error() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn without_a_key_set_the_approval_service_refuses_every_caller() {
+    let server = TestServer::start().await;
+    let mut approvals =
+        pb::approval_service_client::ApprovalServiceClient::new(server.channel().await);
+    let e = approvals
+        .list_approvals(pb::ListApprovalsRequest {
+            identity_token: "anything".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated);
+    assert_eq!(
+        e.get_error_details().error_info().unwrap().reason,
+        "unauthorized"
+    );
+    let r = approvals
+        .decide_approval(pb::DecideApprovalRequest {
+            identity_token: "anything".into(),
+            approval_id: "a".into(),
+            verdict: pb::Verdict::Approve.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.error.unwrap().code, "unauthorized");
+    assert!(r.approval.is_none());
+    server.stop().await;
+}

@@ -46,18 +46,32 @@ impl TestServer {
         let dir = tempfile::tempdir().unwrap();
         let db_path = dir.path().join("toolgate.db");
         let engine = PolicyEngine::load(policies).unwrap_or_else(|e| panic!("{e:?}"));
-        let store = Arc::new(SqliteStore::open(&db_path).unwrap());
-        let authorizer = Arc::new(ToolCallAuthorizer::new(
-            Arc::new(ArcSwap::from_pointee(engine)),
-            store,
-            Arc::new(SystemClock),
-            config,
+        let store: Arc<dyn toolgate::store::Store> = Arc::new(SqliteStore::open(&db_path).unwrap());
+        let engine = Arc::new(ArcSwap::from_pointee(engine));
+        let clock: Arc<dyn toolgate::clock::Clock> = Arc::new(SystemClock);
+        let events = Arc::new(toolgate::approvals::ApprovalEvents::default());
+        let authorizer = Arc::new(
+            ToolCallAuthorizer::new(
+                Arc::clone(&engine),
+                store.clone(),
+                Arc::clone(&clock),
+                config,
+            )
+            .with_events(Arc::clone(&events)),
+        );
+        let desk = Arc::new(toolgate::approval_desk::ApprovalDesk::new(
+            engine, store, clock, None, events,
         ));
+        let services = toolgate::grpc::Services {
+            authorizer,
+            desk,
+            expiry_interval: Duration::from_millis(200),
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            toolgate::grpc::serve(listener, authorizer, async {
+            toolgate::grpc::serve(listener, services, async {
                 let _ = stopped.await;
             })
             .await

@@ -1,0 +1,318 @@
+//! The approval desk (DESIGN §4): what an approval UI may read and decide.
+//!
+//! Every call starts from a verified identity token; the tenant comes from
+//! the token, never from a request field. Deciding is authorized by Cedar
+//! (`decide_approval` on the `Approval` entity), bound to the arguments hash
+//! the approver was shown, and atomic: the first decision wins. This module
+//! knows nothing of gRPC.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::approvals::{ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus};
+use crate::clock::{Clock, UnixMillis};
+use crate::envelope::{Envelope, ErrorCode};
+use crate::identity::Caller;
+use crate::policy::{PolicyDecision, PolicyEngine};
+use crate::store::{ApprovalDecision, DecideOutcome, Store, StoreError};
+
+/// Turns an identity token into the caller it names, or the reason it
+/// cannot (a stable snake_case word).
+pub trait IdentityVerifier: Send + Sync + std::fmt::Debug {
+    /// # Errors
+    /// The reason the token is not acceptable.
+    fn verify(&self, token: &str, now_unix_seconds: i64) -> Result<Caller, &'static str>;
+}
+
+/// The default page size and the most one page may hold.
+const DEFAULT_PAGE: usize = 50;
+const MAX_PAGE: usize = 500;
+
+/// Why a desk call failed; each maps to one envelope code.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeskError(pub Envelope);
+
+/// The approval desk.
+#[derive(Debug)]
+pub struct ApprovalDesk {
+    engine: Arc<ArcSwap<PolicyEngine>>,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    verifier: Option<Arc<dyn IdentityVerifier>>,
+    events: Arc<ApprovalEvents>,
+}
+
+/// One page of approvals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalPage {
+    pub approvals: Vec<ApprovalRecord>,
+    /// The opaque token of the next page; empty at the end.
+    pub next_page_token: String,
+}
+
+impl ApprovalDesk {
+    /// A desk; without a verifier every call is `unauthorized` (fail closed).
+    #[must_use]
+    pub fn new(
+        engine: Arc<ArcSwap<PolicyEngine>>,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        verifier: Option<Arc<dyn IdentityVerifier>>,
+        events: Arc<ApprovalEvents>,
+    ) -> Self {
+        Self {
+            engine,
+            store,
+            clock,
+            verifier,
+            events,
+        }
+    }
+
+    /// The events hub watchers subscribe to.
+    #[must_use]
+    pub fn events(&self) -> &Arc<ApprovalEvents> {
+        &self.events
+    }
+
+    /// The verified caller of a token.
+    ///
+    /// # Errors
+    /// `unauthorized` for any token that does not verify, or when no key set is configured.
+    pub fn authenticate(&self, token: &str) -> Result<Caller, DeskError> {
+        let Some(verifier) = &self.verifier else {
+            return Err(unauthorized(
+                "no identity key set is configured (--jwks-file)",
+            ));
+        };
+        verifier
+            .verify(token, self.clock.now_ms().div_euclid(1000))
+            .map_err(|reason| {
+                DeskError(
+                    Envelope::new(ErrorCode::Unauthorized, "the identity token is not valid")
+                        .with("reason", reason),
+                )
+            })
+    }
+
+    /// One approval of the caller's tenant.
+    ///
+    /// # Errors
+    /// `unauthorized`, `approval_not_found`, or `internal_error`.
+    pub async fn get(&self, token: &str, approval_id: &str) -> Result<ApprovalRecord, DeskError> {
+        let caller = self.authenticate(token)?;
+        self.store
+            .get_approval(&caller.tenant_id, approval_id)
+            .await
+            .map_err(|e| store_failure(&e))?
+            .ok_or_else(not_found)
+    }
+
+    /// A page of the caller's tenant's approvals, optionally of one status.
+    ///
+    /// # Errors
+    /// `unauthorized`, `invalid_arguments` for a bad page token, `internal_error`.
+    pub async fn list(
+        &self,
+        token: &str,
+        status: Option<ApprovalStatus>,
+        page_size: usize,
+        page_token: &str,
+    ) -> Result<ApprovalPage, DeskError> {
+        let caller = self.authenticate(token)?;
+        let limit = if page_size == 0 {
+            DEFAULT_PAGE
+        } else {
+            page_size.min(MAX_PAGE)
+        };
+        let after = if page_token.is_empty() {
+            None
+        } else {
+            let bytes = hex::decode(page_token).map_err(|_| bad_page_token())?;
+            Some(String::from_utf8(bytes).map_err(|_| bad_page_token())?)
+        };
+        // One more than asked tells whether there is a next page.
+        let mut approvals = self
+            .store
+            .list_approvals(&caller.tenant_id, status, after, limit + 1)
+            .await
+            .map_err(|e| store_failure(&e))?;
+        let next_page_token = if approvals.len() > limit {
+            approvals.truncate(limit);
+            approvals
+                .last()
+                .map(|a| hex::encode(a.approval_id.as_bytes()))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(ApprovalPage {
+            approvals,
+            next_page_token,
+        })
+    }
+
+    /// Records an approver's verdict.
+    ///
+    /// # Errors
+    /// `unauthorized`, `approval_not_found`, `approval_mismatch` (the hash
+    /// shown differs), `forbidden` (Cedar refuses this approver),
+    /// `approval_already_decided`, `approval_expired`, `policy_error`, `internal_error`.
+    pub async fn decide(
+        &self,
+        token: &str,
+        approval_id: &str,
+        approve: bool,
+        arguments_sha256: &str,
+        reason: &str,
+    ) -> Result<ApprovalRecord, DeskError> {
+        let approver = self.authenticate(token)?;
+        let now = self.clock.now_ms();
+        let record = self
+            .store
+            .get_approval(&approver.tenant_id, approval_id)
+            .await
+            .map_err(|e| store_failure(&e))?
+            .ok_or_else(not_found)?;
+        if record.arguments_sha256 != arguments_sha256 {
+            return Err(DeskError(
+                Envelope::new(
+                    ErrorCode::ApprovalMismatch,
+                    "the arguments shown are not the arguments of this approval",
+                )
+                .with("approval_id", record.approval_id.clone()),
+            ));
+        }
+        if let Some(e) = already(&record, now) {
+            return Err(e);
+        }
+        let engine = self.engine.load_full();
+        let verdict = if approve { "approve" } else { "reject" };
+        match engine.decide_approval(&approver, &record, verdict) {
+            Ok(PolicyDecision::Allow { .. }) => {}
+            Ok(PolicyDecision::Deny { reason, .. }) => {
+                let message = reason
+                    .unwrap_or_else(|| "this approver may not decide this approval".to_owned());
+                return Err(DeskError(Envelope::new(ErrorCode::Forbidden, message)));
+            }
+            Ok(PolicyDecision::Errored { policies }) => {
+                tracing::warn!(policies = ?policies, "decide_approval policy error: refused (fail closed)");
+                return Err(DeskError(Envelope::new(
+                    ErrorCode::PolicyError,
+                    "a policy could not be evaluated",
+                )));
+            }
+            Ok(PolicyDecision::ApprovalRequired { .. }) | Err(_) => {
+                return Err(DeskError(Envelope::new(
+                    ErrorCode::InternalError,
+                    "the decision could not be evaluated",
+                )));
+            }
+        }
+        let ttl_seconds = engine
+            .tools()
+            .get(&record.tool)
+            .map_or(900, |t| t.approval_ttl_seconds);
+        let ttl_ms = i64::try_from(ttl_seconds)
+            .unwrap_or(i64::MAX / 1000)
+            .saturating_mul(1000);
+        let decision = ApprovalDecision {
+            approve,
+            decided_by: approver.subject_id.clone(),
+            reason: reason.chars().take(1000).collect(),
+            decided_at: now,
+            approved_expires_at: now.saturating_add(ttl_ms),
+        };
+        match self
+            .store
+            .decide_approval(&approver.tenant_id, approval_id, decision)
+            .await
+        {
+            Ok(DecideOutcome::Decided(r)) => {
+                self.events.publish(ApprovalEventKind::Decided, &r, None);
+                tracing::info!(
+                    target: crate::telemetry::AUDIT_TARGET,
+                    approval_id = %r.approval_id,
+                    tenant = %r.tenant_id,
+                    approver = %approver.subject_id,
+                    requester = %r.requester_subject_id,
+                    tool = %r.tool,
+                    arguments_sha256 = %r.arguments_sha256,
+                    verdict,
+                    "approval decided"
+                );
+                Ok(r)
+            }
+            Ok(DecideOutcome::AlreadyDecided(r)) => {
+                Err(already(&r, now).unwrap_or_else(|| decided_error(&r)))
+            }
+            Ok(DecideOutcome::NotFound) => Err(not_found()),
+            Err(e) => Err(store_failure(&e)),
+        }
+    }
+
+    /// Marks due approvals EXPIRED and announces them.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn expire_due(&self) -> Result<usize, StoreError> {
+        let expired = self.store.expire_due(self.clock.now_ms()).await?;
+        for r in &expired {
+            self.events.publish(ApprovalEventKind::Expired, r, None);
+        }
+        Ok(expired.len())
+    }
+}
+
+/// The error for a record that can no longer be decided, if it cannot.
+fn already(record: &ApprovalRecord, now: UnixMillis) -> Option<DeskError> {
+    match record.status {
+        ApprovalStatus::Pending if record.expires_at > now => None,
+        ApprovalStatus::Pending | ApprovalStatus::Expired => Some(DeskError(
+            Envelope::new(ErrorCode::ApprovalExpired, "the approval has expired")
+                .with("approval_id", record.approval_id.clone()),
+        )),
+        ApprovalStatus::Approved | ApprovalStatus::Rejected => Some(decided_error(record)),
+    }
+}
+
+fn decided_error(record: &ApprovalRecord) -> DeskError {
+    DeskError(
+        Envelope::new(
+            ErrorCode::ApprovalAlreadyDecided,
+            "the approval was already decided",
+        )
+        .with("approval_id", record.approval_id.clone())
+        .with("status", record.status.as_str()),
+    )
+}
+
+fn unauthorized(reason: &'static str) -> DeskError {
+    DeskError(
+        Envelope::new(ErrorCode::Unauthorized, "the identity token is not valid")
+            .with("reason", reason),
+    )
+}
+
+fn not_found() -> DeskError {
+    DeskError(Envelope::new(
+        ErrorCode::ApprovalNotFound,
+        "no such approval",
+    ))
+}
+
+fn bad_page_token() -> DeskError {
+    DeskError(
+        Envelope::new(ErrorCode::InvalidArguments, "the page token is not valid")
+            .with("reason", "bad_page_token"),
+    )
+}
+
+fn store_failure(e: &StoreError) -> DeskError {
+    tracing::error!(error = %e, "store failure on the approval desk");
+    DeskError(Envelope::new(
+        ErrorCode::InternalError,
+        "the approval store failed; retry",
+    ))
+}
