@@ -14,3 +14,7 @@ pub struct Caller {
     pub agent_id: String,
     pub session_id: String,
 }
+
+mod jwt;
+
+pub use jwt::{ClaimNames, TokenError, TokenVerifier, VerifierConfig};
