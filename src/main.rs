@@ -195,10 +195,27 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             tools = engine.tools().len(),
             "toolgate serving"
         );
-        if config.jwks_file.is_some() {
-            // TODO-correctness: identity-token verification lands with the approvals issue.
-            anyhow::bail!("--jwks-file is not supported yet");
-        }
+        let verifier: Option<Arc<dyn toolgate::approval_desk::IdentityVerifier>> =
+            match &config.jwks_file {
+                Some(path) => {
+                    let verifier_config = toolgate::identity::VerifierConfig {
+                        issuer: config.issuer.clone(),
+                        audience: config.audience.clone(),
+                        leeway_seconds: 30,
+                        claims: toolgate::identity::ClaimNames::default(),
+                    };
+                    Some(Arc::new(
+                        toolgate::identity::TokenVerifier::from_jwks_file(path, verifier_config)
+                            .with_context(|| format!("loading the key set {}", path.display()))?,
+                    ))
+                }
+                None => {
+                    tracing::warn!(
+                        "no --jwks-file: every ApprovalService call will be refused as unauthorized"
+                    );
+                    None
+                }
+            };
         let engine = Arc::new(ArcSwap::from_pointee(engine));
         let clock: Arc<dyn toolgate::clock::Clock> = Arc::new(SystemClock);
         let events = Arc::new(toolgate::approvals::ApprovalEvents::default());
@@ -212,7 +229,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .with_events(Arc::clone(&events)),
         );
         let desk = Arc::new(toolgate::approval_desk::ApprovalDesk::new(
-            engine, store, clock, None, events,
+            engine, store, clock, verifier, events,
         ));
         let services = toolgate::grpc::Services {
             authorizer,

@@ -920,7 +920,7 @@ async fn a_store_failure_denies_with_a_retryable_internal_error() {
 }
 
 #[tokio::test]
-async fn without_a_key_set_the_approval_service_refuses_every_caller() {
+async fn a_bad_identity_token_is_refused_by_the_approval_service() {
     let server = TestServer::start().await;
     let mut approvals =
         pb::approval_service_client::ApprovalServiceClient::new(server.channel().await);

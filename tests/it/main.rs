@@ -9,6 +9,7 @@
     clippy::indexing_slicing
 )]
 
+mod approvals;
 mod authorize;
 mod cli;
 mod python;

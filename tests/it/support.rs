@@ -60,7 +60,11 @@ impl TestServer {
             .with_events(Arc::clone(&events)),
         );
         let desk = Arc::new(toolgate::approval_desk::ApprovalDesk::new(
-            engine, store, clock, None, events,
+            engine,
+            store,
+            clock,
+            Some(test_verifier()),
+            events,
         ));
         let services = toolgate::grpc::Services {
             authorizer,
@@ -117,6 +121,36 @@ impl Drop for TestServer {
             let _ = stop.send(());
         }
     }
+}
+
+/// The verifier of the test key set (`tests/it/fixtures/keys/jwks.json`).
+fn test_verifier() -> Arc<dyn toolgate::approval_desk::IdentityVerifier> {
+    let config = toolgate::identity::VerifierConfig {
+        issuer: Some("https://idp.test".into()),
+        audience: Some("toolgate".into()),
+        leeway_seconds: 5,
+        claims: toolgate::identity::ClaimNames::default(),
+    };
+    Arc::new(
+        toolgate::identity::TokenVerifier::from_jwks_file(&fixture("keys/jwks.json"), config)
+            .unwrap(),
+    )
+}
+
+/// A real ES256 identity token for an approver, valid for five minutes.
+pub fn token(subject: &str, tenant: &str, roles: &[&str]) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = serde_json::json!({"sub": subject, "tenant": tenant, "roles": roles, "scope": "approvals",
+        "iss": "https://idp.test", "aud": "toolgate", "exp": now + 300});
+    let key =
+        jsonwebtoken::EncodingKey::from_ec_pem(&std::fs::read(fixture("keys/ec.pem")).unwrap())
+            .unwrap();
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some("ec-1".into());
+    jsonwebtoken::encode(&header, &claims, &key).unwrap()
 }
 
 /// An auth context for a user of a tenant.
