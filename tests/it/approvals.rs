@@ -21,6 +21,17 @@ async fn pending(server: &TestServer) -> pb::AuthorizeResponse {
     r
 }
 
+async fn next(s: &mut tonic::Streaming<pb::WatchApprovalsResponse>) -> pb::ApprovalEvent {
+    let wait = std::time::Duration::from_secs(10);
+    tokio::time::timeout(wait, s.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+        .event
+        .unwrap()
+}
+
 async fn decide(
     approvals: &mut ApprovalServiceClient<Channel>,
     token: &str,
@@ -337,6 +348,86 @@ async fn the_watch_stream_receives_created_and_decided_events() {
         .unwrap();
     assert_eq!(decided.kind(), pb::ApprovalEventKind::Decided);
     // TODO-correctness: an open watch holds graceful shutdown; end streams on shutdown.
+    drop(stream);
+    drop(approvals);
+    drop(client);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn approvals_expire_on_the_clock_and_are_announced() {
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    let clock = toolgate::clock::ManualClock::new(now);
+    let server = TestServer::start_with_clock(clock.clone()).await;
+    let mut approvals = ApprovalServiceClient::new(server.channel().await);
+    // The test clock runs hours ahead: the token must outlive it.
+    let admin = crate::support::token_valid_for("dana", "acme", &["support_admin"], 86_400);
+    let mut stream = approvals
+        .watch_approvals(pb::WatchApprovalsRequest {
+            identity_token: admin.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let wait = std::time::Duration::from_secs(10);
+
+    // A pending approval expires after the pending TTL (default 1 h).
+    let first = pending(&server).await;
+    let id = first.approval.unwrap().approval_id;
+    assert_eq!(
+        next(&mut stream).await.kind(),
+        pb::ApprovalEventKind::Created
+    );
+    clock.advance(3_600_001);
+    let expired = next(&mut stream).await;
+    assert_eq!(expired.kind(), pb::ApprovalEventKind::Expired);
+    assert_eq!(expired.approval.unwrap().approval_id, id);
+    let mut client = server.client().await;
+    let mut retry = request("refund_order", BIG_REFUND);
+    retry.approval_id.clone_from(&id);
+    assert_eq!(
+        code(&client.authorize(retry).await.unwrap().into_inner()),
+        "approval_expired"
+    );
+
+    // A granted one expires after the contract's approvalTtlSeconds (900 s).
+    let mut again = request("refund_order", BIG_REFUND);
+    again.request_id = "req-2".into();
+    let second = client.authorize(again.clone()).await.unwrap().into_inner();
+    let id2 = second.approval.unwrap().approval_id;
+    assert_eq!(
+        next(&mut stream).await.kind(),
+        pb::ApprovalEventKind::Created
+    );
+    let d = decide(
+        &mut approvals,
+        &admin,
+        &id2,
+        pb::Verdict::Approve,
+        &second.arguments_sha256,
+    )
+    .await;
+    assert!(d.error.is_none(), "{d:?}");
+    assert_eq!(
+        next(&mut stream).await.kind(),
+        pb::ApprovalEventKind::Decided
+    );
+    clock.advance(900_001);
+    assert_eq!(
+        next(&mut stream).await.kind(),
+        pb::ApprovalEventKind::Expired
+    );
+    again.approval_id = id2;
+    assert_eq!(
+        code(&client.authorize(again).await.unwrap().into_inner()),
+        "approval_expired"
+    );
     drop(stream);
     drop(approvals);
     drop(client);

@@ -43,12 +43,29 @@ impl TestServer {
     }
 
     pub async fn start_with(policies: &Path, config: AuthorizerConfig) -> Self {
+        Self::start_full(policies, config, Arc::new(SystemClock)).await
+    }
+
+    /// A server on an injected clock, for expiry without sleeps.
+    pub async fn start_with_clock(clock: toolgate::clock::ManualClock) -> Self {
+        Self::start_full(
+            &example_policies(),
+            AuthorizerConfig::default(),
+            Arc::new(clock),
+        )
+        .await
+    }
+
+    async fn start_full(
+        policies: &Path,
+        config: AuthorizerConfig,
+        clock: Arc<dyn toolgate::clock::Clock>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db_path = dir.path().join("toolgate.db");
         let engine = PolicyEngine::load(policies).unwrap_or_else(|e| panic!("{e:?}"));
         let store: Arc<dyn toolgate::store::Store> = Arc::new(SqliteStore::open(&db_path).unwrap());
         let engine = Arc::new(ArcSwap::from_pointee(engine));
-        let clock: Arc<dyn toolgate::clock::Clock> = Arc::new(SystemClock);
         let events = Arc::new(toolgate::approvals::ApprovalEvents::default());
         let authorizer = Arc::new(
             ToolCallAuthorizer::new(
@@ -139,12 +156,17 @@ fn test_verifier() -> Arc<dyn toolgate::approval_desk::IdentityVerifier> {
 
 /// A real ES256 identity token for an approver, valid for five minutes.
 pub fn token(subject: &str, tenant: &str, roles: &[&str]) -> String {
+    token_valid_for(subject, tenant, roles, 300)
+}
+
+/// A real ES256 identity token valid for `seconds` from the system clock.
+pub fn token_valid_for(subject: &str, tenant: &str, roles: &[&str], seconds: u64) -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
     let claims = serde_json::json!({"sub": subject, "tenant": tenant, "roles": roles, "scope": "approvals",
-        "iss": "https://idp.test", "aud": "toolgate", "exp": now + 300});
+        "iss": "https://idp.test", "aud": "toolgate", "exp": now + seconds});
     let key =
         jsonwebtoken::EncodingKey::from_ec_pem(&std::fs::read(fixture("keys/ec.pem")).unwrap())
             .unwrap();
