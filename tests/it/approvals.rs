@@ -375,7 +375,6 @@ async fn approvals_expire_on_the_clock_and_are_announced() {
         .await
         .unwrap()
         .into_inner();
-    let wait = std::time::Duration::from_secs(10);
 
     // A pending approval expires after the pending TTL (default 1 h).
     let first = pending(&server).await;
