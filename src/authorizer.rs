@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::approvals::{
     self, ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval,
@@ -279,15 +279,9 @@ impl ToolCallAuthorizer {
         }
 
         let violations = tool.validate_input(&args, self.config.violation_cap);
-        if let Some(first) = violations.first() {
-            let message = format!("{} at `{}`", first.message, first.pointer);
-            let list: Vec<Value> = violations
-                .iter()
-                .map(|v| json!({"pointer": v.pointer, "keyword": v.keyword, "message": v.message}))
-                .collect();
-            return Ok(out.deny(
-                Envelope::new(ErrorCode::SchemaViolation, message).with("violations", list),
-            ));
+        if let Some(envelope) = crate::envelope::violations(ErrorCode::SchemaViolation, &violations)
+        {
+            return Ok(out.deny(envelope));
         }
 
         let hashed = match hash(tool, args, caller, &input.request_id) {

@@ -380,6 +380,22 @@ fn canonical(v: &Value) -> String {
     crate::decode::canonical_json(v).unwrap_or_else(|_| "{}".to_owned())
 }
 
+/// The envelope of schema violations (`schema_violation` for arguments,
+/// `output_invalid` for results): the first in `message`, all of them in
+/// `details.violations`. `None` when there are none.
+#[must_use]
+pub fn violations(code: ErrorCode, list: &[crate::tools::Violation]) -> Option<Envelope> {
+    let first = list.first()?;
+    let all: Vec<Value> = list
+        .iter()
+        .map(|v| serde_json::json!({"pointer": v.pointer, "keyword": v.keyword, "message": v.message}))
+        .collect();
+    Some(
+        Envelope::new(code, format!("{} at `{}`", first.message, first.pointer))
+            .with("violations", all),
+    )
+}
+
 /// What the model is told when the full message is not for it.
 const fn generic_message(code: ErrorCode) -> &'static str {
     match code {

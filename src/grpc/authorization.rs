@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::{Value, json};
 use tonic::{Request, Response, Status};
 
 use super::{convert, pb};
@@ -205,21 +204,12 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
             }
         };
         let violations = contract.validate_output(&value, 20);
-        if violations.is_empty() {
+        let Some(env) = crate::envelope::violations(ErrorCode::OutputInvalid, &violations) else {
             return Ok(Response::new(pb::ValidateResultResponse {
                 valid: true,
                 error: None,
             }));
-        }
-        let list: Vec<Value> = violations
-            .iter()
-            .map(|v| json!({"pointer": v.pointer, "keyword": v.keyword, "message": v.message}))
-            .collect();
-        let first = violations
-            .first()
-            .map(|v| format!("{} at `{}`", v.message, v.pointer))
-            .unwrap_or_default();
-        let env = Envelope::new(ErrorCode::OutputInvalid, first).with("violations", list);
+        };
         Ok(Response::new(pb::ValidateResultResponse {
             valid: false,
             error: Some(convert::envelope(&env)),
