@@ -15,6 +15,34 @@ pub struct Caller {
     pub session_id: String,
 }
 
-mod jwt;
+mod dev;
+mod token;
 
-pub use jwt::{ClaimNames, TokenError, TokenVerifier, VerifierConfig};
+pub use dev::{DEV_KID, DevSigner, generate_dev_keyset};
+pub use token::{
+    ClaimNames, JwksError, MAX_JWKS_BYTES, MAX_TOKEN_BYTES, TokenError, TokenVerifier,
+    VerifiedIdentity, VerifierConfig,
+};
+
+impl From<VerifiedIdentity> for Caller {
+    /// A caller proven by an identity token; agent and session are not
+    /// token claims and stay empty.
+    fn from(identity: VerifiedIdentity) -> Self {
+        Self {
+            subject_id: identity.subject,
+            tenant_id: identity.tenant,
+            scopes: identity.scopes,
+            roles: identity.roles,
+            agent_id: String::new(),
+            session_id: String::new(),
+        }
+    }
+}
+
+impl crate::approval_desk::IdentityVerifier for TokenVerifier {
+    fn verify(&self, token: &str, now_unix_seconds: i64) -> Result<Caller, &'static str> {
+        Self::verify(self, token, now_unix_seconds)
+            .map(Caller::from)
+            .map_err(|e| e.reason())
+    }
+}
