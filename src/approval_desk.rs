@@ -175,18 +175,8 @@ impl ApprovalDesk {
             .await
             .map_err(|e| store_failure(&e))?
             .ok_or_else(not_found)?;
-        if record.arguments_sha256 != arguments_sha256 {
-            return Err(DeskError(
-                Envelope::new(
-                    ErrorCode::ApprovalMismatch,
-                    "the arguments shown are not the arguments of this approval",
-                )
-                .with("approval_id", record.approval_id.clone()),
-            ));
-        }
-        if let Some(e) = already(&record, now) {
-            return Err(e);
-        }
+        // Whether this approver may decide comes first: one who may not
+        // learns nothing about the approval's arguments or state.
         let engine = self.engine.load_full();
         let verdict = if approve { "approve" } else { "reject" };
         match engine.decide_approval(&approver, &record, verdict) {
@@ -209,6 +199,18 @@ impl ApprovalDesk {
                     "the decision could not be evaluated",
                 )));
             }
+        }
+        if record.arguments_sha256 != arguments_sha256 {
+            return Err(DeskError(
+                Envelope::new(
+                    ErrorCode::ApprovalMismatch,
+                    "the arguments shown are not the arguments of this approval",
+                )
+                .with("approval_id", record.approval_id.clone()),
+            ));
+        }
+        if let Some(e) = already(&record, now) {
+            return Err(e);
         }
         let ttl_seconds = engine
             .tools()

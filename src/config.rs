@@ -11,6 +11,12 @@ use serde::Deserialize;
 
 use crate::authorizer::AuthorizerConfig;
 use crate::decode::Limits;
+use crate::identity::{ClaimNames, VerifierConfig};
+
+/// The largest clock-skew leeway accepted for identity tokens. A leeway is
+/// for clocks that drift by seconds; minutes would quietly extend every
+/// token's life.
+pub const MAX_LEEWAY_SECONDS: u64 = 300;
 
 /// The default listen address: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -49,6 +55,28 @@ struct RawConfig {
     limits: RawLimits,
     #[serde(default)]
     decisions: RawDecisions,
+    #[serde(default)]
+    identity: RawIdentity,
+}
+
+/// `[identity]`: how approver tokens are read.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawIdentity {
+    leeway_seconds: Option<u64>,
+    #[serde(default)]
+    claims: RawClaims,
+}
+
+/// `[identity.claims]`: the claim names, when the identity provider uses
+/// others than `sub`, `tenant`, `roles` and `scope`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClaims {
+    subject: Option<String>,
+    tenant: Option<String>,
+    roles: Option<String>,
+    scope: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -92,8 +120,8 @@ pub struct Config {
     pub listen: ListenAddr,
     pub store: String,
     pub jwks_file: Option<PathBuf>,
-    pub issuer: Option<String>,
-    pub audience: Option<String>,
+    /// Issuer, audience, leeway and claim names for identity tokens.
+    pub verifier: VerifierConfig,
     pub authorizer: AuthorizerConfig,
 }
 
@@ -173,11 +201,57 @@ impl Config {
                 .or(raw.store)
                 .unwrap_or_else(|| DEFAULT_STORE.to_owned()),
             jwks_file: o.jwks_file.or(raw.jwks_file),
-            issuer: o.issuer.or(raw.issuer),
-            audience: o.audience.or(raw.audience),
+            verifier: verifier_config(
+                o.issuer.or(raw.issuer),
+                o.audience.or(raw.audience),
+                raw.identity,
+            )?,
             authorizer,
         })
     }
+}
+
+fn verifier_config(
+    issuer: Option<String>,
+    audience: Option<String>,
+    raw: RawIdentity,
+) -> Result<VerifierConfig, ConfigError> {
+    let defaults = VerifierConfig::default();
+    let leeway_seconds = raw.leeway_seconds.unwrap_or(defaults.leeway_seconds);
+    if leeway_seconds > MAX_LEEWAY_SECONDS {
+        return Err(ConfigError::Invalid {
+            key: "identity.leeway_seconds",
+            reason: format!("{leeway_seconds} is more than the maximum of {MAX_LEEWAY_SECONDS}"),
+        });
+    }
+    let names = ClaimNames::default();
+    let pick = |key: &'static str, given: Option<String>, default: String| match given {
+        Some(name) if name.trim().is_empty() => Err(ConfigError::Invalid {
+            key,
+            reason: "a claim name must not be empty".into(),
+        }),
+        Some(name) => Ok(name),
+        None => Ok(default),
+    };
+    let claims = ClaimNames {
+        subject: pick("identity.claims.subject", raw.claims.subject, names.subject)?,
+        tenant: pick("identity.claims.tenant", raw.claims.tenant, names.tenant)?,
+        roles: pick("identity.claims.roles", raw.claims.roles, names.roles)?,
+        scope: pick("identity.claims.scope", raw.claims.scope, names.scope)?,
+    };
+    let nonempty = |key: &'static str, v: Option<String>| match v {
+        Some(s) if s.is_empty() => Err(ConfigError::Invalid {
+            key,
+            reason: "must not be empty (leave it out instead)".into(),
+        }),
+        other => Ok(other),
+    };
+    Ok(VerifierConfig {
+        issuer: nonempty("issuer", issuer)?,
+        audience: nonempty("audience", audience)?,
+        leeway_seconds,
+        claims,
+    })
 }
 
 fn read(path: &Path) -> Result<RawConfig, ConfigError> {
@@ -234,5 +308,51 @@ mod tests {
             bad,
             Err(ConfigError::Invalid { key: "listen", .. })
         ));
+    }
+
+    #[test]
+    fn identity_leeway_and_claim_names_are_configurable_and_bounded() {
+        let raw: RawConfig = toml::from_str(
+            "issuer = \"https://idp\"\n[identity]\nleeway_seconds = 10\n[identity.claims]\ntenant = \"org\"\nroles = \"groups\"\n",
+        )
+        .unwrap();
+        let c = Config::from_raw(
+            raw,
+            Overrides {
+                audience: Some("toolgate".into()),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(c.verifier.issuer.as_deref(), Some("https://idp"));
+        assert_eq!(c.verifier.audience.as_deref(), Some("toolgate"));
+        assert_eq!(c.verifier.leeway_seconds, 10);
+        assert_eq!(c.verifier.claims.subject, "sub");
+        assert_eq!(c.verifier.claims.tenant, "org");
+        assert_eq!(c.verifier.claims.roles, "groups");
+        assert_eq!(c.verifier.claims.scope, "scope");
+
+        let too_lax: RawConfig = toml::from_str("[identity]\nleeway_seconds = 301\n").unwrap();
+        assert!(matches!(
+            Config::from_raw(too_lax, Overrides::default()),
+            Err(ConfigError::Invalid {
+                key: "identity.leeway_seconds",
+                ..
+            })
+        ));
+        let empty: RawConfig = toml::from_str("[identity.claims]\nsubject = \" \"\n").unwrap();
+        assert!(matches!(
+            Config::from_raw(empty, Overrides::default()),
+            Err(ConfigError::Invalid {
+                key: "identity.claims.subject",
+                ..
+            })
+        ));
+        let unknown =
+            toml::from_str::<RawConfig>("[identity.claims]\nemail = \"e\"\n").unwrap_err();
+        assert!(
+            unknown.to_string().contains("unknown field `email`"),
+            "{unknown}"
+        );
     }
 }

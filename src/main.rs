@@ -42,6 +42,44 @@ enum Command {
     /// One decision from the command line, without a server. Prints the
     /// answer as JSON; exit 0 for allow, 2 for deny, 3 for approval required.
     Authorize(AuthorizeArgs),
+    /// DEVELOPMENT ONLY: a local key set and identity tokens, to try the
+    /// approval flow without an identity provider. Production verifies the
+    /// provider's tokens against its published key set.
+    #[command(subcommand)]
+    Dev(DevCommand),
+}
+
+#[derive(Subcommand)]
+enum DevCommand {
+    /// Write a new development key set (one random HS256 secret) to a file
+    /// readable only by its owner. Refuses to overwrite an existing file.
+    Keys {
+        #[arg(long, default_value = "toolgate-data/dev-jwks.json")]
+        out: PathBuf,
+    },
+    /// Print an identity token signed with the development key set.
+    Token(DevTokenArgs),
+}
+
+#[derive(clap::Args)]
+struct DevTokenArgs {
+    #[arg(long, default_value = "toolgate-data/dev-jwks.json")]
+    jwks: PathBuf,
+    #[arg(long)]
+    subject: String,
+    #[arg(long)]
+    tenant: String,
+    #[arg(long = "role")]
+    roles: Vec<String>,
+    #[arg(long = "scope")]
+    scopes: Vec<String>,
+    #[arg(long, env = "TOOLGATE_ISSUER")]
+    issuer: Option<String>,
+    #[arg(long, env = "TOOLGATE_AUDIENCE")]
+    audience: Option<String>,
+    /// How long the token is valid.
+    #[arg(long, default_value_t = 3600)]
+    ttl_seconds: i64,
 }
 
 #[derive(clap::Args)]
@@ -118,7 +156,59 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Serve(args) => serve(args),
         Command::Authorize(args) => authorize(args),
+        Command::Dev(DevCommand::Keys { out }) => dev_keys(&out),
+        Command::Dev(DevCommand::Token(args)) => dev_token(&args),
     }
+}
+
+fn dev_keys(out: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let (jwks, _signer) = toolgate::identity::generate_dev_keyset()?;
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(out).with_context(|| {
+        format!(
+            "creating {} (an existing key set is never overwritten)",
+            out.display()
+        )
+    })?;
+    std::io::Write::write_all(&mut file, jwks.as_bytes())
+        .with_context(|| format!("writing {}", out.display()))?;
+    eprintln!(
+        "wrote a DEVELOPMENT key set to {}; it holds a signing secret: never use it in production\n\
+         serve with:  toolgate serve --jwks-file {}",
+        out.display(),
+        out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn dev_token(args: &DevTokenArgs) -> anyhow::Result<ExitCode> {
+    let text = std::fs::read_to_string(&args.jwks).with_context(|| {
+        format!(
+            "reading {} (create it with `toolgate dev keys`)",
+            args.jwks.display()
+        )
+    })?;
+    let signer = toolgate::identity::DevSigner::from_jwks_json(&text)?;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let token = signer.mint(
+        &args.subject,
+        &args.tenant,
+        &args.roles,
+        &args.scopes,
+        args.issuer.as_deref(),
+        args.audience.as_deref(),
+        now,
+        args.ttl_seconds,
+    )?;
+    println!("{token}");
+    Ok(ExitCode::SUCCESS)
 }
 
 fn check(policies: &std::path::Path) -> ExitCode {
@@ -195,27 +285,20 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             tools = engine.tools().len(),
             "toolgate serving"
         );
-        let verifier: Option<Arc<dyn toolgate::approval_desk::IdentityVerifier>> =
-            match &config.jwks_file {
-                Some(path) => {
-                    let verifier_config = toolgate::identity::VerifierConfig {
-                        issuer: config.issuer.clone(),
-                        audience: config.audience.clone(),
-                        leeway_seconds: 30,
-                        claims: toolgate::identity::ClaimNames::default(),
-                    };
-                    Some(Arc::new(
-                        toolgate::identity::TokenVerifier::from_jwks_file(path, verifier_config)
-                            .with_context(|| format!("loading the key set {}", path.display()))?,
-                    ))
-                }
-                None => {
-                    tracing::warn!(
-                        "no --jwks-file: every ApprovalService call will be refused as unauthorized"
-                    );
-                    None
-                }
-            };
+        let verifier: Option<Arc<dyn toolgate::approval_desk::IdentityVerifier>> = match &config
+            .jwks_file
+        {
+            Some(path) => Some(Arc::new(
+                toolgate::identity::TokenVerifier::from_jwks_file(path, config.verifier.clone())
+                    .with_context(|| format!("loading the key set {}", path.display()))?,
+            )),
+            None => {
+                tracing::warn!(
+                    "no --jwks-file: every ApprovalService call will be refused as unauthorized"
+                );
+                None
+            }
+        };
         let engine = Arc::new(ArcSwap::from_pointee(engine));
         let clock: Arc<dyn toolgate::clock::Clock> = Arc::new(SystemClock);
         let events = Arc::new(toolgate::approvals::ApprovalEvents::default());

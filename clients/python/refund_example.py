@@ -23,8 +23,13 @@ ENTITIES = json.dumps([
 ])
 
 
-def authorize_refund(stub, pb, common, model_arguments: bytes, request_id: str, tenant: str = "acme"):
-    """Asks toolgate whether the model's refund call may run."""
+def authorize_refund(stub, pb, common, model_arguments: bytes, request_id: str, tenant: str = "acme",
+                     approval_id: str = ""):
+    """Asks toolgate whether the model's refund call may run.
+
+    After a human approved it, the executor asks again with the same arguments
+    and request_id, and the approval_id it got with APPROVAL_REQUIRED.
+    """
     return stub.Authorize(pb.AuthorizeRequest(
         tool="refund_order",
         arguments=model_arguments,  # the bytes exactly as the model produced them
@@ -33,6 +38,7 @@ def authorize_refund(stub, pb, common, model_arguments: bytes, request_id: str, 
             scopes=["orders:read", "orders:refund"], agent_id="support-bot", session_id="s-42"),
         call_id="call_7",            # the model's tool-call id: echoed only
         request_id=request_id,       # the business operation: same id = same operation
+        approval_id=approval_id,     # empty until a human approved this call
         entities_json=ENTITIES,
     ), timeout=5)
 
@@ -55,6 +61,6 @@ def run(stub, pb, common):
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as stubs:
         from pathlib import Path
-        pb, pb_grpc, common = load_stubs(str(Path(__file__).resolve().parents[2] / "proto"), stubs)
+        pb, pb_grpc, common, _, _ = load_stubs(str(Path(__file__).resolve().parents[2] / "proto"), stubs)
         with grpc.insecure_channel(default_addr()) as channel:
             run(pb_grpc.AuthorizationServiceStub(channel), pb, common)

@@ -1,8 +1,13 @@
-"""The Python executor test: the README refund example against a real server.
+"""The Python executor test: the README refund example against a real server,
+through to a human approving the large refund on a second client.
 
 Started by the Rust integration test `python::the_python_executor_runs_the_refund_example`
-with TOOLGATE_ADDR, TOOLGATE_PROTO_DIR and TOOLGATE_STUB_DIR set. Prints
-`N passed, M failed` and exits non-zero on any failure.
+with TOOLGATE_ADDR, TOOLGATE_PROTO_DIR and TOOLGATE_STUB_DIR set, and three real
+identity tokens of tenant acme minted by it (Python holds no signing key):
+TOOLGATE_APPROVER_TOKEN (dana, support_admin: may decide),
+TOOLGATE_NON_APPROVER_TOKEN (erin, support_agent: may not) and
+TOOLGATE_REQUESTER_TOKEN (bob, support_admin: the requester, so may not).
+Prints `N passed, M failed` and exits non-zero on any failure.
 """
 
 import hashlib
@@ -16,11 +21,19 @@ import rfc8785
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from toolgate_client import default_addr, load_stubs  # noqa: E402
+import approver_example  # noqa: E402
 import refund_example  # noqa: E402
 
-pb, pb_grpc, common = load_stubs(os.environ["TOOLGATE_PROTO_DIR"], os.environ["TOOLGATE_STUB_DIR"])
+pb, pb_grpc, common, apb, apb_grpc = load_stubs(os.environ["TOOLGATE_PROTO_DIR"], os.environ["TOOLGATE_STUB_DIR"])
 channel = grpc.insecure_channel(default_addr())
 stub = pb_grpc.AuthorizationServiceStub(channel)
+# The approver is a different program on its own connection, with its own identity.
+approver_channel = grpc.insecure_channel(default_addr())
+approvals = apb_grpc.ApprovalServiceStub(approver_channel)
+APPROVER = os.environ["TOOLGATE_APPROVER_TOKEN"]
+NON_APPROVER = os.environ["TOOLGATE_NON_APPROVER_TOKEN"]
+REQUESTER = os.environ["TOOLGATE_REQUESTER_TOKEN"]
+BIG_REFUND = {"order_id": "ord_1001", "amount_cents": 25000, "currency": "USD", "reason": "damaged"}
 
 
 def test_allowed_refund_and_independent_idempotency_key():
@@ -74,8 +87,79 @@ def test_approval_required():
     assert again.approval.approval_id == r.approval.approval_id
 
 
+def pending_big_refund(request_id: str):
+    """The model's arguments for the large refund and the APPROVAL_REQUIRED answer to them."""
+    args = json.dumps(BIG_REFUND).encode()
+    r = refund_example.authorize_refund(stub, pb, common, args, request_id)
+    assert r.decision == pb.DECISION_APPROVAL_REQUIRED, r
+    assert r.approval.approval_id
+    return args, r
+
+
+def test_approved_refund_runs_once_per_operation():
+    args, required = pending_big_refund("refund-5")
+    approval_id = required.approval.approval_id
+
+    shown = approver_example.review(approvals, apb, APPROVER, approval_id)
+    assert shown.status == apb.APPROVAL_STATUS_PENDING, shown
+    assert (shown.requester_subject_id, shown.tool, shown.risk) == ("bob", "refund_order", common.RISK_LEVEL_FINANCIAL)
+    canonical = rfc8785.dumps(json.loads(args))
+    assert shown.arguments_sha256 == hashlib.sha256(canonical).hexdigest(), shown.arguments_sha256
+    assert shown.display_arguments == canonical.decode()  # refund_order has no sensitive pointers
+    assert "refund_order 1.2.0 (RISK_LEVEL_FINANCIAL)" in approver_example.show(shown, apb, common)
+
+    decided = approver_example.decide(approvals, apb, APPROVER, shown, approve=True, reason="damaged in transit")
+    assert not decided.HasField("error"), decided.error
+    assert decided.approval.status == apb.APPROVAL_STATUS_APPROVED
+    assert (decided.approval.decided_by, decided.approval.reason) == ("dana", "damaged in transit")
+
+    allowed = refund_example.authorize_refund(stub, pb, common, args, "refund-5", approval_id=approval_id)
+    assert allowed.decision == pb.DECISION_ALLOW, allowed
+    assert not allowed.HasField("error"), allowed.error
+    assert approver_example.review(approvals, apb, APPROVER, approval_id).consumed_by_idempotency_key \
+        == allowed.idempotency_key
+    # A retry of the same operation (same idempotency key) may reuse the approval ...
+    retried = refund_example.authorize_refund(stub, pb, common, args, "refund-5", approval_id=approval_id)
+    assert retried.decision == pb.DECISION_ALLOW, retried
+    assert retried.idempotency_key == allowed.idempotency_key
+    # ... another operation may not.
+    other = refund_example.authorize_refund(stub, pb, common, args, "refund-5b", approval_id=approval_id)
+    assert other.decision == pb.DECISION_DENY, other
+    assert other.error.code == "approval_consumed", other.error
+    assert other.error.resolution == "request_new_approval"
+
+
+def test_only_an_authorized_approver_may_decide():
+    _, required = pending_big_refund("refund-6")
+    approval_id = required.approval.approval_id
+    shown = approver_example.review(approvals, apb, APPROVER, approval_id)
+
+    no_role = approver_example.decide(approvals, apb, NON_APPROVER, shown, approve=True, reason="looks fine")
+    assert not no_role.HasField("approval")
+    assert (no_role.error.code, no_role.error.message) == (
+        "forbidden", "this approver may not decide this approval"), no_role.error
+    own = approver_example.decide(approvals, apb, REQUESTER, shown, approve=True, reason="my own request")
+    assert (own.error.code, own.error.message) == ("forbidden", "nobody may approve their own request"), own.error
+    # The executor has no identity token at all: it cannot even read the approval.
+    unauthenticated = approver_example.decide(approvals, apb, "", shown, approve=True, reason="executor")
+    assert unauthenticated.error.code == "unauthorized", unauthenticated.error
+    try:
+        approver_example.review(approvals, apb, "", approval_id)
+        raise AssertionError("GetApproval without an identity token succeeded")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.UNAUTHENTICATED, e
+        assert e.details() == "the identity token is not valid", e.details()
+
+    assert approver_example.review(approvals, apb, APPROVER, approval_id).status == apb.APPROVAL_STATUS_PENDING
+    still_pending = refund_example.authorize_refund(
+        stub, pb, common, json.dumps(BIG_REFUND).encode(), "refund-6", approval_id=approval_id)
+    assert still_pending.decision == pb.DECISION_DENY, still_pending
+    assert still_pending.error.code == "approval_pending", still_pending.error
+
+
 TESTS = [test_allowed_refund_and_independent_idempotency_key, test_allowed_read, test_schema_violation,
-         test_cross_tenant_deny, test_approval_required]
+         test_cross_tenant_deny, test_approval_required, test_approved_refund_runs_once_per_operation,
+         test_only_an_authorized_approver_may_decide]
 
 if __name__ == "__main__":
     passed = failed = 0

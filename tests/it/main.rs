@@ -13,4 +13,5 @@ mod approvals;
 mod authorize;
 mod cli;
 mod python;
+mod restart;
 mod support;
