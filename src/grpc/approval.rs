@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use tokio::sync::broadcast::error::RecvError;
+use std::time::Duration;
+
+use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -16,13 +19,18 @@ use crate::envelope::ErrorCode;
 #[derive(Debug, Clone)]
 pub struct ApprovalApi {
     desk: Arc<ApprovalDesk>,
+    /// Becomes `true` when the server starts shutting down.
+    stopping: watch::Receiver<bool>,
 }
 
 impl ApprovalApi {
-    pub fn new(desk: Arc<ApprovalDesk>) -> Self {
-        Self { desk }
+    pub fn new(desk: Arc<ApprovalDesk>, stopping: watch::Receiver<bool>) -> Self {
+        Self { desk, stopping }
     }
 }
+
+/// How long a watcher's full queue may delay the shutdown notice.
+const SHUTDOWN_NOTICE_WAIT: Duration = Duration::from_secs(1);
 
 /// A desk error on an RPC that has no envelope field: a status whose
 /// `ErrorInfo` reason is the envelope code.
@@ -189,44 +197,61 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
             .desk
             .authenticate(&identity_token)
             .map_err(|e| status(&e))?;
-        let mut events = self.desk.events().subscribe();
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let events = self.desk.events().subscribe();
+        let (tx, rx) = mpsc::channel(64);
+        let mut stopping = self.stopping.clone();
         tokio::spawn(async move {
-            loop {
-                let event = match events.recv().await {
-                    Ok(e) => e,
-                    Err(RecvError::Lagged(n)) => {
-                        // A watcher that fell behind must re-list: never a silent gap.
-                        let _ = tx
-                            .send(Err(Status::data_loss(format!(
-                                "the watch fell {n} events behind; list again and watch anew"
-                            ))))
-                            .await;
-                        return;
-                    }
-                    Err(RecvError::Closed) => return,
-                };
-                if event.approval.tenant_id != caller.tenant_id {
-                    continue;
-                }
-                let kind = match event.kind {
-                    ApprovalEventKind::Created => pb::ApprovalEventKind::Created,
-                    ApprovalEventKind::Decided => pb::ApprovalEventKind::Decided,
-                    ApprovalEventKind::Expired => pb::ApprovalEventKind::Expired,
-                    ApprovalEventKind::Consumed => pb::ApprovalEventKind::Consumed,
-                };
-                let msg = pb::WatchApprovalsResponse {
-                    event: Some(pb::ApprovalEvent {
-                        kind: kind.into(),
-                        approval: Some(approval(&event.approval)),
-                    }),
-                };
-                // A gone client ends the task; a slow one only fills its own queue.
-                if tx.send(Ok(msg)).await.is_err() {
-                    return;
+            tokio::select! {
+                () = forward(events, &tx, &caller.tenant_id) => {}
+                () = async { let _ = stopping.wait_for(|s| *s).await; } => {
+                    let notice = Status::unavailable("the server is shutting down; watch again");
+                    let _ = tokio::time::timeout(SHUTDOWN_NOTICE_WAIT, tx.send(Err(notice))).await;
                 }
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Streams one tenant's events to a watcher until the watcher goes away or
+/// falls behind. A slow watcher only fills its own queue: the hub is a
+/// broadcast, so nobody else waits for it.
+async fn forward(
+    mut events: broadcast::Receiver<std::sync::Arc<crate::approvals::ApprovalEvent>>,
+    tx: &mpsc::Sender<Result<pb::WatchApprovalsResponse, Status>>,
+    tenant_id: &str,
+) {
+    loop {
+        let event = match events.recv().await {
+            Ok(e) => e,
+            Err(RecvError::Lagged(n)) => {
+                // A watcher that fell behind must re-list: never a silent gap.
+                let _ = tx
+                    .send(Err(Status::data_loss(format!(
+                        "the watch fell {n} events behind; list again and watch anew"
+                    ))))
+                    .await;
+                return;
+            }
+            Err(RecvError::Closed) => return,
+        };
+        if event.approval.tenant_id != tenant_id {
+            continue;
+        }
+        let kind = match event.kind {
+            ApprovalEventKind::Created => pb::ApprovalEventKind::Created,
+            ApprovalEventKind::Decided => pb::ApprovalEventKind::Decided,
+            ApprovalEventKind::Expired => pb::ApprovalEventKind::Expired,
+            ApprovalEventKind::Consumed => pb::ApprovalEventKind::Consumed,
+        };
+        let msg = pb::WatchApprovalsResponse {
+            event: Some(pb::ApprovalEvent {
+                kind: kind.into(),
+                approval: Some(approval(&event.approval)),
+            }),
+        };
+        if tx.send(Ok(msg)).await.is_err() {
+            return;
+        }
     }
 }

@@ -87,7 +87,15 @@ pub async fn serve(
     } = services;
     let authorization =
         AuthorizationServiceServer::new(authorization::AuthorizationApi::new(authorizer));
-    let approvals = ApprovalServiceServer::new(approval::ApprovalApi::new(Arc::clone(&desk)));
+    // Open watch streams would hold a graceful shutdown forever: they end
+    // (with UNAVAILABLE, so clients watch again elsewhere) once it starts.
+    let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stopping_tx.send(true);
+    };
+    let approvals =
+        ApprovalServiceServer::new(approval::ApprovalApi::new(Arc::clone(&desk), stopping));
     // Expiry needs nobody to ask: a background sweep, stopped with the server.
     let sweeper = tokio::spawn(async move {
         let mut tick = tokio::time::interval(expiry_interval);

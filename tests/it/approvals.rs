@@ -347,11 +347,12 @@ async fn the_watch_stream_receives_created_and_decided_events() {
         .event
         .unwrap();
     assert_eq!(decided.kind(), pb::ApprovalEventKind::Decided);
-    // TODO-correctness: an open watch holds graceful shutdown; end streams on shutdown.
-    drop(stream);
-    drop(approvals);
-    drop(client);
+    // An open watch does not hold up a graceful shutdown (`stop` is bounded):
+    // the stream ends with UNAVAILABLE, so the UI watches again elsewhere.
     server.stop().await;
+    let end = tokio::time::timeout(wait, stream.message()).await.unwrap();
+    assert_eq!(end.unwrap_err().code(), tonic::Code::Unavailable);
+    drop((approvals, client));
 }
 
 #[tokio::test]
