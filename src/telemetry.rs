@@ -35,7 +35,11 @@ pub fn audit_decision(input: &AuthorizeInput, outcome: &AuthorizeOutcome, latenc
         decision = outcome.decision.as_str(),
         code = outcome.error.as_ref().map_or("", |e| e.code.as_str()),
         policies = ?outcome.policies,
-        approval_id = %outcome.approval.as_ref().map_or("", |a| a.0.as_str()),
+        // The approval this call created, else the one it presented.
+        approval_id = %outcome.approval.as_ref().map_or_else(
+            || input.approval_id.chars().take(64).collect::<String>(),
+            |a| a.0.clone(),
+        ),
         latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX),
         "decision"
     );

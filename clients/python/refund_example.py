@@ -3,7 +3,9 @@
 Run against a sidecar started with `cargo run --release -- serve`:
 
     pip install -r clients/python/requirements.txt
-    python clients/python/refund_example.py
+    python clients/python/refund_example.py                      # 25.00: allowed
+    python clients/python/refund_example.py 25000                # 250.00: approval required
+    python clients/python/refund_example.py 25000 APPROVAL_ID    # after a human approved it
 """
 
 import json
@@ -43,9 +45,11 @@ def authorize_refund(stub, pb, common, model_arguments: bytes, request_id: str, 
     ), timeout=5)
 
 
-def run(stub, pb, common):
-    args = b'{"order_id": "ord_1001", "amount_cents": 2500, "currency": "USD", "reason": "late"}'
-    r = authorize_refund(stub, pb, common, args, request_id="refund-ord_1001-1")
+def run(stub, pb, common, amount_cents: int = 2500, approval_id: str = ""):
+    args = json.dumps({"order_id": "ord_1001", "amount_cents": amount_cents, "currency": "USD",
+                       "reason": "late"}).encode()
+    r = authorize_refund(stub, pb, common, args, request_id="refund-ord_1001-1",
+                         approval_id=approval_id)
     if r.decision == pb.DECISION_ALLOW:
         # Run the tool with r.normalized_arguments, under r.timeout_ms,
         # using r.idempotency_key with the payment provider.
@@ -59,8 +63,11 @@ def run(stub, pb, common):
 
 
 if __name__ == "__main__":
+    import sys
+    amount = int(sys.argv[1]) if len(sys.argv) > 1 else 2500
+    approval = sys.argv[2] if len(sys.argv) > 2 else ""
     with tempfile.TemporaryDirectory() as stubs:
         from pathlib import Path
         pb, pb_grpc, common, _, _ = load_stubs(str(Path(__file__).resolve().parents[2] / "proto"), stubs)
         with grpc.insecure_channel(default_addr()) as channel:
-            run(pb_grpc.AuthorizationServiceStub(channel), pb, common)
+            run(pb_grpc.AuthorizationServiceStub(channel), pb, common, amount, approval)

@@ -433,3 +433,280 @@ async fn approvals_expire_on_the_clock_and_are_announced() {
     drop(client);
     server.stop().await;
 }
+
+/// Every way an identity token can fail, over real gRPC: each is
+/// `unauthorized` with its reason, on every RPC, and never a decision.
+#[tokio::test]
+async fn every_token_failure_is_unauthorized_and_decides_nothing() {
+    use crate::support::{approver_claims, signed, signed_with, unix_now};
+    use base64::Engine as _;
+    use jsonwebtoken::{Algorithm, EncodingKey};
+    use tonic_types::StatusExt as _;
+
+    let server = TestServer::start().await;
+    let mut approvals = ApprovalServiceClient::new(server.channel().await);
+    let first = pending(&server).await;
+    let id = first.approval.unwrap().approval_id;
+    let sha = first.arguments_sha256;
+
+    let good = || approver_claims("dana", "acme", &["support_admin"], 300);
+    let with = |key: &str, value: serde_json::Value| {
+        let mut c = good();
+        c[key] = value;
+        c
+    };
+    let without = |key: &str| {
+        let mut c = good();
+        c.as_object_mut().unwrap().remove(key);
+        c
+    };
+    let b64 = |v: &serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    };
+    let valid = signed(Algorithm::ES256, Some("ec-1"), &good());
+    let parts: Vec<&str> = valid.split('.').collect();
+    let tampered = format!(
+        "{}.{}.{}",
+        parts[0],
+        b64(&with("roles", serde_json::json!(["support_admin", "root"]))),
+        parts[2]
+    );
+    let alg_none = format!(
+        "{}.{}.",
+        b64(&serde_json::json!({"alg": "none", "kid": "ec-1"})),
+        b64(&good())
+    );
+    let unlisted = EncodingKey::from_rsa_pem(
+        &std::fs::read(crate::support::fixture("keys/rsa-unlisted.pem")).unwrap(),
+    )
+    .unwrap();
+    let rsa_public_as_secret = EncodingKey::from_secret(
+        &std::fs::read(crate::support::fixture("keys/rsa.pub.pem")).unwrap(),
+    )
+    .unwrap();
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("no token", String::new(), "malformed"),
+        ("not a JWT", "not.a.jwt".into(), "malformed"),
+        (
+            "expired",
+            signed(
+                Algorithm::ES256,
+                Some("ec-1"),
+                &with("exp", (unix_now() - 3600).into()),
+            ),
+            "expired",
+        ),
+        (
+            "not yet valid",
+            signed(
+                Algorithm::ES256,
+                Some("ec-1"),
+                &with("nbf", (unix_now() + 3600).into()),
+            ),
+            "not_yet_valid",
+        ),
+        (
+            "wrong issuer",
+            signed(
+                Algorithm::ES256,
+                Some("ec-1"),
+                &with("iss", "https://evil.test".into()),
+            ),
+            "wrong_issuer",
+        ),
+        (
+            "wrong audience",
+            signed(
+                Algorithm::ES256,
+                Some("ec-1"),
+                &with("aud", "another-service".into()),
+            ),
+            "wrong_audience",
+        ),
+        (
+            "no audience",
+            signed(Algorithm::ES256, Some("ec-1"), &without("aud")),
+            "missing_claim",
+        ),
+        (
+            "signed by a key outside the key set",
+            signed_with(Algorithm::RS256, Some("rsa-1"), &good(), &unlisted),
+            "bad_signature",
+        ),
+        ("tampered payload", tampered, "bad_signature"),
+        (
+            "unknown key id",
+            signed(Algorithm::ES256, Some("ec-9"), &good()),
+            "unknown_key",
+        ),
+        ("alg none", alg_none, "unsupported_algorithm"),
+        (
+            "HS256 keyed with the RSA public key",
+            signed_with(
+                Algorithm::HS256,
+                Some("rsa-1"),
+                &good(),
+                &rsa_public_as_secret,
+            ),
+            "wrong_algorithm",
+        ),
+        (
+            "no tenant claim",
+            signed(Algorithm::ES256, Some("ec-1"), &without("tenant")),
+            "missing_claim",
+        ),
+        (
+            "roles not an array",
+            signed(
+                Algorithm::ES256,
+                Some("ec-1"),
+                &with("roles", "support_admin".into()),
+            ),
+            "invalid_claim",
+        ),
+    ];
+    for (name, token, reason) in &cases {
+        let e = approvals
+            .get_approval(pb::GetApprovalRequest {
+                identity_token: token.clone(),
+                approval_id: id.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{name}");
+        let details = e.get_error_details();
+        let info = details.error_info().unwrap();
+        assert_eq!(
+            (
+                info.reason.as_str(),
+                info.metadata.get("reason").map(String::as_str)
+            ),
+            ("unauthorized", Some(*reason)),
+            "{name}"
+        );
+        assert!(
+            !e.message().contains(token.as_str()) || token.is_empty(),
+            "{name}"
+        );
+
+        let list = approvals
+            .list_approvals(pb::ListApprovalsRequest {
+                identity_token: token.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(list.code(), tonic::Code::Unauthenticated, "{name}");
+        let watch = approvals
+            .watch_approvals(pb::WatchApprovalsRequest {
+                identity_token: token.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(watch.code(), tonic::Code::Unauthenticated, "{name}");
+
+        let d = decide(&mut approvals, token, &id, pb::Verdict::Approve, &sha).await;
+        assert!(d.approval.is_none(), "{name}");
+        let e = d.error.unwrap();
+        let details: serde_json::Value = serde_json::from_str(&e.details_json).unwrap();
+        assert_eq!(
+            (
+                e.code.as_str(),
+                e.resolution.as_str(),
+                details["reason"].as_str()
+            ),
+            ("unauthorized", "reauthenticate", Some(*reason)),
+            "{name}"
+        );
+    }
+
+    // Nothing was decided; each algorithm's genuine token still works.
+    for (alg, kid) in [
+        (Algorithm::RS256, "rsa-1"),
+        (Algorithm::ES256, "ec-1"),
+        (Algorithm::EdDSA, "ed-1"),
+        (Algorithm::HS256, "hs-1"),
+    ] {
+        let shown = approvals
+            .get_approval(pb::GetApprovalRequest {
+                identity_token: signed(alg, Some(kid), &good()),
+                approval_id: id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .approval
+            .unwrap();
+        assert_eq!(shown.status(), pb::ApprovalStatus::Pending, "{alg:?}");
+    }
+    server.stop().await;
+}
+
+/// Approvers see the arguments with the contract's `sensitive` pointers
+/// redacted, in GetApproval, ListApprovals and the watch stream alike; the
+/// hash they sign off is still that of the real arguments.
+#[tokio::test]
+async fn display_arguments_redact_the_sensitive_pointers() {
+    let (dir, policies) = crate::cli::copy_of_examples();
+    let contract = policies.join("tools/refund_order.json");
+    let mut refund: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&contract).unwrap()).unwrap();
+    refund["sensitive"] = serde_json::json!(["/note"]);
+    std::fs::write(&contract, refund.to_string()).unwrap();
+    let server = TestServer::start_with(&policies, Default::default()).await;
+    let mut approvals = ApprovalServiceClient::new(server.channel().await);
+    let admin = token("dana", "acme", &["support_admin"]);
+    let mut stream = approvals
+        .watch_approvals(pb::WatchApprovalsRequest {
+            identity_token: admin.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let args = r#"{"note":"card 4111 1111 1111 1111","order_id":"ord_1001","amount_cents":25000,"currency":"USD","reason":"damaged"}"#;
+    let first = server
+        .client()
+        .await
+        .authorize(request("refund_order", args))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.decision(), Decision::ApprovalRequired);
+    let id = first.approval.unwrap().approval_id;
+    let expected = r#"{"amount_cents":25000,"currency":"USD","note":"[REDACTED]","order_id":"ord_1001","reason":"damaged"}"#;
+
+    let shown = approvals
+        .get_approval(pb::GetApprovalRequest {
+            identity_token: admin.clone(),
+            approval_id: id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .approval
+        .unwrap();
+    assert_eq!(shown.display_arguments, expected);
+    assert_eq!(shown.arguments_sha256, first.arguments_sha256);
+    assert_eq!(
+        first.arguments_sha256,
+        toolgate::decode::sha256_hex(first.normalized_arguments.as_bytes())
+    );
+    let listed = approvals
+        .list_approvals(pb::ListApprovalsRequest {
+            identity_token: admin.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.approvals.len(), 1);
+    assert_eq!(listed.approvals[0].display_arguments, expected);
+    let created = next(&mut stream).await;
+    assert_eq!(created.approval.unwrap().display_arguments, expected);
+
+    // Nothing the approval service returns holds the secret.
+    let all = format!("{shown:?}{listed:?}");
+    assert!(!all.contains("4111"), "{all}");
+    server.stop().await;
+    drop(dir);
+}

@@ -13,7 +13,7 @@ fn toolgate(args: &[&str]) -> Output {
 }
 
 /// A copy of the example policies, to break.
-fn copy_of_examples() -> (tempfile::TempDir, PathBuf) {
+pub fn copy_of_examples() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let dst = dir.path().join("policies");
     copy_dir(&example_policies(), &dst);

@@ -161,18 +161,58 @@ pub fn token(subject: &str, tenant: &str, roles: &[&str]) -> String {
 
 /// A real ES256 identity token valid for `seconds` from the system clock.
 pub fn token_valid_for(subject: &str, tenant: &str, roles: &[&str], seconds: u64) -> String {
-    let now = std::time::SystemTime::now()
+    let claims = approver_claims(subject, tenant, roles, seconds);
+    signed(jsonwebtoken::Algorithm::ES256, Some("ec-1"), &claims)
+}
+
+/// Seconds since the epoch on the system clock.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .as_secs();
-    let claims = serde_json::json!({"sub": subject, "tenant": tenant, "roles": roles, "scope": "approvals",
-        "iss": "https://idp.test", "aud": "toolgate", "exp": now + seconds});
-    let key =
-        jsonwebtoken::EncodingKey::from_ec_pem(&std::fs::read(fixture("keys/ec.pem")).unwrap())
-            .unwrap();
-    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
-    header.kid = Some("ec-1".into());
-    jsonwebtoken::encode(&header, &claims, &key).unwrap()
+        .as_secs()
+}
+
+/// The claims of an approver's token that the test verifier accepts.
+pub fn approver_claims(
+    subject: &str,
+    tenant: &str,
+    roles: &[&str],
+    seconds: u64,
+) -> serde_json::Value {
+    serde_json::json!({"sub": subject, "tenant": tenant, "roles": roles, "scope": "approvals",
+        "iss": "https://idp.test", "aud": "toolgate", "exp": unix_now() + seconds})
+}
+
+/// `claims` signed with the test key of `alg` (`tests/it/fixtures/keys/`),
+/// naming `kid` in the header.
+pub fn signed(
+    alg: jsonwebtoken::Algorithm,
+    kid: Option<&str>,
+    claims: &serde_json::Value,
+) -> String {
+    use jsonwebtoken::{Algorithm, EncodingKey};
+    let read = |f: &str| std::fs::read(fixture("keys").join(f)).unwrap();
+    let key = match alg {
+        Algorithm::RS256 => EncodingKey::from_rsa_pem(&read("rsa.pem")).unwrap(),
+        Algorithm::ES256 => EncodingKey::from_ec_pem(&read("ec.pem")).unwrap(),
+        Algorithm::EdDSA => EncodingKey::from_ed_pem(&read("ed25519.pem")).unwrap(),
+        Algorithm::HS256 => EncodingKey::from_secret(&read("hs256.secret")).unwrap(),
+        other => panic!("no test key for {other:?}"),
+    };
+    signed_with(alg, kid, claims, &key)
+}
+
+/// `claims` signed with `key`, whatever key set it belongs to.
+pub fn signed_with(
+    alg: jsonwebtoken::Algorithm,
+    kid: Option<&str>,
+    claims: &serde_json::Value,
+    key: &jsonwebtoken::EncodingKey,
+) -> String {
+    let mut header = jsonwebtoken::Header::new(alg);
+    header.kid = kid.map(str::to_owned);
+    jsonwebtoken::encode(&header, claims, key).unwrap()
 }
 
 /// An auth context for a user of a tenant.
