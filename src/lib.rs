@@ -27,6 +27,7 @@ pub mod decode;
 pub mod envelope;
 pub mod grpc;
 pub mod identity;
+pub mod ledger;
 pub mod policy;
 pub mod store;
 pub mod telemetry;
