@@ -12,6 +12,7 @@
 mod approvals;
 mod authorize;
 mod cli;
+mod ledger;
 mod python;
 mod restart;
 mod support;
