@@ -13,6 +13,8 @@ mod approvals;
 mod authorize;
 mod cli;
 mod ledger;
+mod ledger_crash;
 mod python;
 mod restart;
+mod sidecar;
 mod support;
