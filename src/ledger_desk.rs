@@ -148,8 +148,7 @@ impl LedgerDesk {
             tool,
             lease_ms,
         } = req;
-        let caller = require_caller(caller.as_ref())?;
-        check_key(&idempotency_key)?;
+        let id = execution_id(caller.as_ref(), idempotency_key)?;
         let is_sha = arguments_sha256.len() == 64
             && arguments_sha256
                 .bytes()
@@ -163,10 +162,6 @@ impl LedgerDesk {
         if tool.is_empty() {
             return Err(ExecutorError::new("tool", "must not be empty"));
         }
-        let id = ExecutionId {
-            tenant_id: caller.tenant_id.clone(),
-            idempotency_key,
-        };
         Ok(self
             .begin_checked(id, &tool, arguments_sha256, lease_ms)
             .await)
@@ -254,8 +249,7 @@ impl LedgerDesk {
             result_json,
             error,
         } = req;
-        let caller = require_caller(caller.as_ref())?;
-        check_key(&idempotency_key)?;
+        let id = execution_id(caller.as_ref(), idempotency_key)?;
         if fencing_token == 0 {
             return Err(ExecutorError::new(
                 "fencing_token",
@@ -288,10 +282,7 @@ impl LedgerDesk {
             CompletionStatus::Unknown => Completion::Unknown(error),
         };
         let step = Complete {
-            id: ExecutionId {
-                tenant_id: caller.tenant_id.clone(),
-                idempotency_key,
-            },
+            id,
             fencing_token,
             completion,
             now: self.clock.now_ms(),
@@ -303,10 +294,7 @@ impl LedgerDesk {
                 log_settled("execution complete", &tenant, &key, &settled, fencing_token);
                 settled
             }
-            Err(e) => Settled {
-                state: None,
-                error: Some((&store_failure(&e)).into()),
-            },
+            Err(e) => unsettled(&e),
         })
     }
 
@@ -322,8 +310,7 @@ impl LedgerDesk {
             applied,
             result_json,
         } = req;
-        let caller = require_caller(caller.as_ref())?;
-        check_key(&idempotency_key)?;
+        let id = execution_id(caller.as_ref(), idempotency_key)?;
         let verdict = if applied {
             let (result_json, result) = self.result(result_json)?;
             Verdict::Applied {
@@ -335,10 +322,7 @@ impl LedgerDesk {
             Verdict::NotApplied
         };
         let step = Reconcile {
-            id: ExecutionId {
-                tenant_id: caller.tenant_id.clone(),
-                idempotency_key,
-            },
+            id,
             verdict,
             now: self.clock.now_ms(),
             outputs: self.outputs(),
@@ -350,10 +334,7 @@ impl LedgerDesk {
                 Some(settled)
             }
             Ok(None) => None,
-            Err(e) => Some(Settled {
-                state: None,
-                error: Some((&store_failure(&e)).into()),
-            }),
+            Err(e) => Some(unsettled(&e)),
         })
     }
 
@@ -367,10 +348,9 @@ impl LedgerDesk {
         caller: Option<&Caller>,
         idempotency_key: &str,
     ) -> Result<Option<ExecutionRecord>, LedgerError> {
-        let caller = require_caller(caller)?;
-        check_key(idempotency_key)?;
+        let id = execution_id(caller, idempotency_key.to_owned())?;
         self.store
-            .get_execution(&caller.tenant_id, idempotency_key)
+            .get_execution(&id.tenant_id, &id.idempotency_key)
             .await
             .map_err(|e| {
                 store_failure(&e);
@@ -442,17 +422,25 @@ impl OutputSchemas for ContractOutputs {
     }
 }
 
-fn check_key(key: &str) -> Result<(), ExecutorError> {
-    if key.is_empty() {
+/// The record an executor's request names: its caller's tenant and the key.
+fn execution_id(
+    caller: Option<&Caller>,
+    idempotency_key: String,
+) -> Result<ExecutionId, ExecutorError> {
+    let caller = require_caller(caller)?;
+    if idempotency_key.is_empty() {
         return Err(ExecutorError::new("idempotency_key", "must not be empty"));
     }
-    if key.len() > MAX_KEY_BYTES {
+    if idempotency_key.len() > MAX_KEY_BYTES {
         return Err(ExecutorError::new(
             "idempotency_key",
             format!("at most {MAX_KEY_BYTES} bytes"),
         ));
     }
-    Ok(())
+    Ok(ExecutionId {
+        tenant_id: caller.tenant_id.clone(),
+        idempotency_key,
+    })
 }
 
 fn no_result(result_json: &str, when: &str) -> Result<(), ExecutorError> {
@@ -514,6 +502,14 @@ fn log_settled(what: &'static str, tenant: &str, key: &str, s: &Settled, token: 
         code = code(s.error.as_ref()),
         "{what}"
     );
+}
+
+/// The answer to a completion or reconciliation the store could not run.
+fn unsettled(e: &StoreError) -> Settled {
+    Settled {
+        state: None,
+        error: Some((&store_failure(e)).into()),
+    }
 }
 
 fn store_failure(e: &StoreError) -> Envelope {

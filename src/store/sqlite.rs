@@ -231,6 +231,22 @@ fn execution_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ExecutionRecord,
     }))
 }
 
+fn read_execution(
+    conn: &Connection,
+    tenant_id: &str,
+    idempotency_key: &str,
+) -> Result<Option<ExecutionRecord>, StoreError> {
+    conn.query_row(
+        &format!(
+            "SELECT {EXECUTION_COLUMNS} FROM executions WHERE tenant_id = ?1 AND idempotency_key = ?2"
+        ),
+        params![tenant_id, idempotency_key],
+        execution_from_row,
+    )
+    .optional()?
+    .transpose()
+}
+
 /// How a [`RecordedError`] is kept: a JSON object of its fields.
 fn error_to_json(e: &RecordedError) -> String {
     serde_json::json!({
@@ -271,16 +287,7 @@ fn signed(v: u64) -> Result<i64, StoreError> {
 fn transition<T: Transition>(conn: &mut Connection, step: &T) -> Result<T::Answer, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let id = step.id();
-    let current = tx
-        .query_row(
-            &format!(
-                "SELECT {EXECUTION_COLUMNS} FROM executions WHERE tenant_id = ?1 AND idempotency_key = ?2"
-            ),
-            params![id.tenant_id, id.idempotency_key],
-            execution_from_row,
-        )
-        .optional()?
-        .transpose()?;
+    let current = read_execution(&tx, &id.tenant_id, &id.idempotency_key)?;
     let last_token: i64 = tx.query_row(
         "SELECT last_token FROM ledger_fencing WHERE singleton = 1",
         [],
@@ -392,18 +399,8 @@ impl Store for SqliteStore {
         idempotency_key: &str,
     ) -> Result<Option<ExecutionRecord>, StoreError> {
         let (tenant_id, key) = (tenant_id.to_owned(), idempotency_key.to_owned());
-        self.with(move |conn| {
-            conn.query_row(
-                &format!(
-                    "SELECT {EXECUTION_COLUMNS} FROM executions WHERE tenant_id = ?1 AND idempotency_key = ?2"
-                ),
-                params![tenant_id, key],
-                execution_from_row,
-            )
-            .optional()?
-            .transpose()
-        })
-        .await
+        self.with(move |conn| read_execution(conn, &tenant_id, &key))
+            .await
     }
 
     async fn collect_executions(&self, collect: Collect) -> Result<usize, StoreError> {
@@ -925,6 +922,41 @@ mod tests {
         let old = store.get_approval("t1", "a1").await.unwrap().unwrap();
         assert_eq!(old.status, ApprovalStatus::Expired);
         assert!(store.get_approval("t2", "a3").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_version_1_file_is_migrated_and_keeps_its_approvals() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            conn.execute(
+                &format!("INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ('a1', 't1', 'alice', 'agent', \
+                 'refund_order', '1', 'financial', 'ab', '{{}}', 'r1', 'PENDING', 0, 1000, NULL, NULL, NULL, NULL)"),
+                [],
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(&path).unwrap();
+        let version: i64 = store
+            .conn
+            .lock()
+            .unwrap()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 2);
+        assert_eq!(
+            store
+                .get_approval("t1", "a1")
+                .await
+                .unwrap()
+                .unwrap()
+                .status,
+            ApprovalStatus::Pending
+        );
+        assert_eq!(store.get_execution("t1", "k").await.unwrap(), None);
     }
 
     #[tokio::test]

@@ -125,6 +125,12 @@ impl Executor {
             .unwrap()
     }
 
+    /// Reports the refund made, with `RESULT`.
+    async fn succeed(&mut self, key: &str, token: u64) -> pb::CompleteExecutionResponse {
+        self.complete(key, token, CompletionStatus::Succeeded, RESULT)
+            .await
+    }
+
     async fn reconcile(
         &mut self,
         key: &str,
@@ -231,14 +237,7 @@ async fn an_expired_lease_answers_reconcile_required_never_acquired() {
     }
     // The holder finishing late, with its still-current token, is heard:
     // nobody else was let in, and it alone knows what happened.
-    let late = first
-        .complete(
-            &refund.0,
-            acquired.fencing_token,
-            CompletionStatus::Succeeded,
-            RESULT,
-        )
-        .await;
+    let late = first.succeed(&refund.0, acquired.fencing_token).await;
     assert_eq!(
         (late.state(), late.error),
         (ExecutionState::Succeeded, None)
@@ -252,27 +251,13 @@ async fn a_success_is_completed_with_its_result_for_every_retry() {
     let mut executor = Executor::new(&server).await;
     let refund = op("row-succeeded");
     let acquired = executor.begin(&refund).await;
-    let done = executor
-        .complete(
-            &refund.0,
-            acquired.fencing_token,
-            CompletionStatus::Succeeded,
-            RESULT,
-        )
-        .await;
+    let done = executor.succeed(&refund.0, acquired.fencing_token).await;
     assert_eq!(
         (done.state(), done.error),
         (ExecutionState::Succeeded, None)
     );
     // The answer was lost and the executor says it again: acknowledged, unchanged.
-    let again = executor
-        .complete(
-            &refund.0,
-            acquired.fencing_token,
-            CompletionStatus::Succeeded,
-            RESULT,
-        )
-        .await;
+    let again = executor.succeed(&refund.0, acquired.fencing_token).await;
     assert_eq!(
         (again.state(), again.error),
         (ExecutionState::Succeeded, None)
@@ -449,14 +434,7 @@ async fn stale_fencing_tokens_are_lease_lost_and_change_nothing() {
     let before = new.get(&refund.0).await.unwrap();
 
     // The first attempt's executor reports late, with its old token.
-    let stale = old
-        .complete(
-            &refund.0,
-            first.fencing_token,
-            CompletionStatus::Succeeded,
-            RESULT,
-        )
-        .await;
+    let stale = old.succeed(&refund.0, first.fencing_token).await;
     assert_eq!(stale.state(), ExecutionState::InProgress);
     let e = stale.error.as_ref().unwrap();
     assert_eq!(
@@ -469,14 +447,7 @@ async fn stale_fencing_tokens_are_lease_lost_and_change_nothing() {
     );
     assert_eq!(new.get(&refund.0).await.unwrap(), before, "nothing changed");
 
-    let done = new
-        .complete(
-            &refund.0,
-            second.fencing_token,
-            CompletionStatus::Succeeded,
-            RESULT,
-        )
-        .await;
+    let done = new.succeed(&refund.0, second.fencing_token).await;
     assert_eq!(done.state(), ExecutionState::Succeeded);
     // A different report under the same token, once settled, changes nothing either.
     let changed_mind = new
@@ -494,12 +465,7 @@ async fn stale_fencing_tokens_are_lease_lost_and_change_nothing() {
     );
     // And a token for a key nobody began.
     let nothing = new
-        .complete(
-            &op("never-begun").0,
-            second.fencing_token,
-            CompletionStatus::Succeeded,
-            RESULT,
-        )
+        .succeed(&op("never-begun").0, second.fencing_token)
         .await;
     assert_eq!(nothing.state(), ExecutionState::Unspecified);
     assert_eq!(
@@ -516,9 +482,7 @@ async fn a_key_back_with_other_arguments_or_tool_is_idempotency_key_reused() {
     let mut executor = Executor::new(&server).await;
     let (key, sha) = op("reused");
     let r = executor.begin(&(key.clone(), sha.clone())).await;
-    executor
-        .complete(&key, r.fencing_token, CompletionStatus::Succeeded, RESULT)
-        .await;
+    executor.succeed(&key, r.fencing_token).await;
     let before = executor.get(&key).await.unwrap();
 
     let other_args = executor
@@ -690,14 +654,7 @@ async fn reconciliation_settles_an_unknown_outcome_both_ways() {
     );
     assert!(retry.fencing_token > r.fencing_token);
     // The first attempt's executor, back from the dead, is told it lost.
-    let zombie = executor
-        .complete(
-            &missed.0,
-            r.fencing_token,
-            CompletionStatus::Succeeded,
-            RESULT,
-        )
-        .await;
+    let zombie = executor.succeed(&missed.0, r.fencing_token).await;
     assert_eq!(code(zombie.error.as_ref()), "lease_lost");
 
     let nothing = executor
@@ -722,20 +679,11 @@ async fn records_are_collected_after_the_retention_period() {
     let mut executor = Executor::new(&server).await;
     let old = op("retention-old");
     let r = executor.begin(&old).await;
-    executor
-        .complete(&old.0, r.fencing_token, CompletionStatus::Succeeded, RESULT)
-        .await;
+    executor.succeed(&old.0, r.fencing_token).await;
     clock.advance(1_000);
     let young = op("retention-young");
     let r = executor.begin(&young).await;
-    executor
-        .complete(
-            &young.0,
-            r.fencing_token,
-            CompletionStatus::Succeeded,
-            RESULT,
-        )
-        .await;
+    executor.succeed(&young.0, r.fencing_token).await;
 
     // The default retention is 24 h after the last change: `old` is due, `young` not yet.
     clock.advance(24 * 3_600_000 - 500);
@@ -787,14 +735,7 @@ async fn records_are_visible_to_their_own_tenant_only() {
             .code(),
         Code::NotFound
     );
-    let foreign = globex
-        .complete(
-            &refund.0,
-            held.fencing_token,
-            CompletionStatus::Succeeded,
-            RESULT,
-        )
-        .await;
+    let foreign = globex.succeed(&refund.0, held.fencing_token).await;
     assert_eq!(foreign.state(), ExecutionState::Unspecified);
     assert_eq!(
         details(foreign.error.as_ref()),
@@ -967,12 +908,7 @@ async fn authorize_with_begin_execution_begins_an_allowed_call_in_the_same_round
         BeginOutcome::InProgress
     );
     executor
-        .complete(
-            &first.idempotency_key,
-            run.fencing_token,
-            CompletionStatus::Succeeded,
-            RESULT,
-        )
+        .succeed(&first.idempotency_key, run.fencing_token)
         .await;
     let done = client.authorize(req.clone()).await.unwrap().into_inner();
     let done = done.execution.unwrap();
@@ -1079,6 +1015,37 @@ async fn exactly_one_of_32_concurrent_begins_is_acquired_every_round() {
     eprintln!(
         "contention: {ROUNDS} rounds of {EXECUTORS} concurrent BeginExecution in {:?}",
         started.elapsed()
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_store_failure_is_a_retryable_internal_error_never_acquired() {
+    let server = TestServer::start_with_clock(ManualClock::new(T0)).await;
+    let mut executor = Executor::new(&server).await;
+    let refund = op("store-failure");
+    let held = executor.begin(&refund).await;
+    rusqlite::Connection::open(&server.db_path)
+        .unwrap()
+        .execute_batch("DROP TABLE executions")
+        .unwrap();
+
+    let r = executor.begin(&op("store-failure-2")).await;
+    assert_eq!((r.outcome(), r.fencing_token), (BeginOutcome::Refused, 0));
+    let e = r.error.as_ref().unwrap();
+    assert_eq!(
+        (e.code.as_str(), e.retryable, e.resolution.as_str()),
+        ("internal_error", true, "retry_same_key")
+    );
+    assert!(!e.message.to_lowercase().contains("sql"), "{}", e.message);
+    let c = executor.succeed(&refund.0, held.fencing_token).await;
+    assert_eq!(c.state(), ExecutionState::Unspecified);
+    assert_eq!(code(c.error.as_ref()), "internal_error");
+    let r = executor.reconcile(&refund.0, false, "").await.unwrap();
+    assert_eq!(code(r.error.as_ref()), "internal_error");
+    assert_eq!(
+        executor.get(&refund.0).await.unwrap_err().code(),
+        Code::Unavailable
     );
     server.stop().await;
 }
