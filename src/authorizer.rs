@@ -76,12 +76,39 @@ pub struct ExecutorError {
 }
 
 impl ExecutorError {
-    fn new(field: &'static str, description: impl Into<String>) -> Self {
+    pub(crate) fn new(field: &'static str, description: impl Into<String>) -> Self {
         Self {
             field,
             description: description.into(),
         }
     }
+}
+
+/// The authenticated caller of an executor's request: an auth context with
+/// a subject and a tenant, or the executor's mistake.
+///
+/// # Errors
+/// [`ExecutorError`] on `auth`, `auth.subject_id` or `auth.tenant_id`.
+pub fn require_caller(caller: Option<&Caller>) -> Result<&Caller, ExecutorError> {
+    let caller =
+        caller.ok_or_else(|| ExecutorError::new("auth", "the auth context is required"))?;
+    if caller.subject_id.is_empty() {
+        return Err(ExecutorError::new("auth.subject_id", "must not be empty"));
+    }
+    if caller.tenant_id.is_empty() {
+        return Err(ExecutorError::new("auth.tenant_id", "must not be empty"));
+    }
+    Ok(caller)
+}
+
+/// `tool_not_found` for a name the model or executor gave, echoed safely.
+#[must_use]
+pub fn unknown_tool(name: &str) -> Envelope {
+    Envelope::new(
+        ErrorCode::ToolNotFound,
+        format!("unknown tool `{}`", echo(name)),
+    )
+    .with("tool", echo(name))
 }
 
 /// The three answers.
@@ -190,16 +217,7 @@ impl ToolCallAuthorizer {
     ) -> Result<AuthorizeOutcome, ExecutorError> {
         // The whole decision runs on one policy set, even across a reload.
         let engine = self.engine.load_full();
-        let caller = input
-            .caller
-            .as_ref()
-            .ok_or_else(|| ExecutorError::new("auth", "the auth context is required"))?;
-        if caller.subject_id.is_empty() {
-            return Err(ExecutorError::new("auth.subject_id", "must not be empty"));
-        }
-        if caller.tenant_id.is_empty() {
-            return Err(ExecutorError::new("auth.tenant_id", "must not be empty"));
-        }
+        let caller = require_caller(input.caller.as_ref())?;
         if input.tool.is_empty() {
             return Err(ExecutorError::new("tool", "must not be empty"));
         }
@@ -239,13 +257,7 @@ impl ToolCallAuthorizer {
         }
 
         let Some(tool) = engine.tools().get(&input.tool) else {
-            return Ok(out.deny(
-                Envelope::new(
-                    ErrorCode::ToolNotFound,
-                    format!("unknown tool `{}`", echo(&input.tool)),
-                )
-                .with("tool", echo(&input.tool)),
-            ));
+            return Ok(out.deny(unknown_tool(&input.tool)));
         };
         let tool: &ToolContract = tool;
         out.risk = Some(tool.risk);

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use crate::authorizer::AuthorizerConfig;
 use crate::decode::Limits;
 use crate::identity::{ClaimNames, VerifierConfig};
+use crate::ledger::LedgerConfig;
 
 /// The largest clock-skew leeway accepted for identity tokens. A leeway is
 /// for clocks that drift by seconds; minutes would quietly extend every
@@ -57,6 +58,20 @@ struct RawConfig {
     decisions: RawDecisions,
     #[serde(default)]
     identity: RawIdentity,
+    #[serde(default)]
+    ledger: RawLedger,
+}
+
+/// `[ledger]`: the execution ledger's budget, leases and retention.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLedger {
+    default_max_attempts: Option<u32>,
+    lease_margin_ms: Option<u64>,
+    max_lease_ms: Option<u64>,
+    retention_seconds: Option<u64>,
+    collect_interval_seconds: Option<u64>,
+    collect_batch: Option<usize>,
 }
 
 /// `[identity]`: how approver tokens are read.
@@ -123,6 +138,7 @@ pub struct Config {
     /// Issuer, audience, leeway and claim names for identity tokens.
     pub verifier: VerifierConfig,
     pub authorizer: AuthorizerConfig,
+    pub ledger: LedgerConfig,
 }
 
 impl Config {
@@ -207,8 +223,61 @@ impl Config {
                 raw.identity,
             )?,
             authorizer,
+            ledger: ledger_config(&raw.ledger)?,
         })
     }
+}
+
+fn ledger_config(raw: &RawLedger) -> Result<LedgerConfig, ConfigError> {
+    let positive = |key: &'static str, v: Option<u64>| match v {
+        Some(0) => Err(ConfigError::Invalid {
+            key,
+            reason: "must be positive".into(),
+        }),
+        other => Ok(other),
+    };
+    let defaults = LedgerConfig::default();
+    positive(
+        "ledger.default_max_attempts",
+        raw.default_max_attempts.map(u64::from),
+    )?;
+    let config = LedgerConfig {
+        default_max_attempts: raw
+            .default_max_attempts
+            .unwrap_or(defaults.default_max_attempts),
+        lease_margin: raw
+            .lease_margin_ms
+            .map_or(defaults.lease_margin, Duration::from_millis),
+        max_lease: positive("ledger.max_lease_ms", raw.max_lease_ms)?
+            .map_or(defaults.max_lease, Duration::from_millis),
+        retention: positive("ledger.retention_seconds", raw.retention_seconds)?
+            .map_or(defaults.retention, Duration::from_secs),
+        collect_interval: positive(
+            "ledger.collect_interval_seconds",
+            raw.collect_interval_seconds,
+        )?
+        .map_or(defaults.collect_interval, Duration::from_secs),
+        collect_batch: positive(
+            "ledger.collect_batch",
+            raw.collect_batch
+                .map(|n| u64::try_from(n).unwrap_or(u64::MAX)),
+        )?
+        .map_or(defaults.collect_batch, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        }),
+    };
+    // A record is collected only once its lease is over anyway; a lease
+    // outliving retention would make a held operation look abandoned.
+    if config.retention <= config.max_lease {
+        return Err(ConfigError::Invalid {
+            key: "ledger.retention_seconds",
+            reason: format!(
+                "must be longer than ledger.max_lease_ms ({} ms)",
+                config.max_lease.as_millis()
+            ),
+        });
+    }
+    Ok(config)
 }
 
 fn verifier_config(
@@ -308,6 +377,48 @@ mod tests {
             bad,
             Err(ConfigError::Invalid { key: "listen", .. })
         ));
+    }
+
+    #[test]
+    fn the_ledger_section_sets_budget_leases_and_retention() {
+        let c = Config::from_raw(RawConfig::default(), Overrides::default()).unwrap();
+        assert_eq!(c.ledger, LedgerConfig::default());
+        assert_eq!(c.ledger.retention, Duration::from_secs(86_400));
+        let raw: RawConfig = toml::from_str(
+            "[ledger]\ndefault_max_attempts = 5\nlease_margin_ms = 100\nmax_lease_ms = 60000\n\
+             retention_seconds = 3600\ncollect_interval_seconds = 10\ncollect_batch = 50\n",
+        )
+        .unwrap();
+        let c = Config::from_raw(raw, Overrides::default()).unwrap();
+        assert_eq!(
+            c.ledger,
+            LedgerConfig {
+                default_max_attempts: 5,
+                lease_margin: Duration::from_millis(100),
+                max_lease: Duration::from_secs(60),
+                retention: Duration::from_secs(3600),
+                collect_interval: Duration::from_secs(10),
+                collect_batch: 50,
+            }
+        );
+        for (text, key) in [
+            ("default_max_attempts = 0", "ledger.default_max_attempts"),
+            ("max_lease_ms = 0", "ledger.max_lease_ms"),
+            ("retention_seconds = 0", "ledger.retention_seconds"),
+            ("collect_batch = 0", "ledger.collect_batch"),
+            ("retention_seconds = 60", "ledger.retention_seconds"),
+        ] {
+            let raw: RawConfig = toml::from_str(&format!("[ledger]\n{text}\n")).unwrap();
+            match Config::from_raw(raw, Overrides::default()) {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        let unknown = toml::from_str::<RawConfig>("[ledger]\nlease_ms = 1\n").unwrap_err();
+        assert!(
+            unknown.to_string().contains("unknown field `lease_ms`"),
+            "{unknown}"
+        );
     }
 
     #[test]

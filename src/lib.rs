@@ -9,6 +9,8 @@
 //! - [`policy`]: the Cedar schema, policies, entities, evaluation (the only
 //!   importer of `cedar_policy`).
 //! - [`approvals`]: what an approval is bound to and how it is shown.
+//! - [`ledger`]: the execution state machine (DESIGN §5), rules only;
+//!   [`ledger_desk`] checks executors' requests and runs it on the store.
 //! - [`authorizer`]: [`authorizer::ToolCallAuthorizer`], the one home of the
 //!   order of the checks.
 //! - [`envelope`]: the error codes and the envelope of every non-allow answer.
@@ -27,6 +29,8 @@ pub mod decode;
 pub mod envelope;
 pub mod grpc;
 pub mod identity;
+pub mod ledger;
+pub mod ledger_desk;
 pub mod policy;
 pub mod store;
 pub mod telemetry;

@@ -311,6 +311,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             )
             .with_events(Arc::clone(&events)),
         );
+        let ledger = Arc::new(toolgate::ledger_desk::LedgerDesk::new(
+            Arc::clone(&engine),
+            Arc::clone(&store),
+            Arc::clone(&clock),
+            config.ledger.clone(),
+            config.authorizer.limits,
+            config.authorizer.violation_cap,
+        ));
         let desk = Arc::new(toolgate::approval_desk::ApprovalDesk::new(
             engine, store, clock, verifier, events,
         ));
@@ -318,6 +326,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             authorizer,
             desk,
             expiry_interval: std::time::Duration::from_secs(1),
+            ledger,
         };
         toolgate::grpc::serve(listener, services, shutdown_signal()).await?;
         tracing::info!("toolgate stopped");

@@ -62,7 +62,7 @@ def main(argv) -> int:
     approval_id, verdict, reason = argv
     token = os.environ["TOOLGATE_IDENTITY_TOKEN"]
     with tempfile.TemporaryDirectory() as out:
-        _, _, common, apb, apb_grpc = load_stubs(str(Path(__file__).resolve().parents[2] / "proto"), out)
+        _, _, common, apb, apb_grpc, _, _ = load_stubs(str(Path(__file__).resolve().parents[2] / "proto"), out)
         with grpc.insecure_channel(default_addr()) as channel:
             stub = apb_grpc.ApprovalServiceStub(channel)
             approval = review(stub, apb, token, approval_id)

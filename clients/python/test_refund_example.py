@@ -1,5 +1,7 @@
 """The Python executor test: the README refund example against a real server,
-through to a human approving the large refund on a second client.
+through to a human approving the large refund on a second client, and the
+refund run through the execution ledger: once per operation, even when the
+first attempt times out after the money moved.
 
 Started by the Rust integration test `python::the_python_executor_runs_the_refund_example`
 with TOOLGATE_ADDR, TOOLGATE_PROTO_DIR and TOOLGATE_STUB_DIR set, and three real
@@ -24,9 +26,11 @@ from toolgate_client import default_addr, load_stubs  # noqa: E402
 import approver_example  # noqa: E402
 import refund_example  # noqa: E402
 
-pb, pb_grpc, common, apb, apb_grpc = load_stubs(os.environ["TOOLGATE_PROTO_DIR"], os.environ["TOOLGATE_STUB_DIR"])
+pb, pb_grpc, common, apb, apb_grpc, lpb, lpb_grpc = load_stubs(
+    os.environ["TOOLGATE_PROTO_DIR"], os.environ["TOOLGATE_STUB_DIR"])
 channel = grpc.insecure_channel(default_addr())
 stub = pb_grpc.AuthorizationServiceStub(channel)
+ledger = lpb_grpc.LedgerServiceStub(channel)
 # The approver is a different program on its own connection, with its own identity.
 approver_channel = grpc.insecure_channel(default_addr())
 approvals = apb_grpc.ApprovalServiceStub(approver_channel)
@@ -157,9 +161,93 @@ def test_only_an_authorized_approver_may_decide():
     assert still_pending.error.code == "approval_pending", still_pending.error
 
 
+SMALL_REFUND = b'{"order_id": "ord_1001", "amount_cents": 2500, "currency": "USD", "reason": "late"}'
+
+
+class CountingProvider(refund_example.DemoProvider):
+    """The payment provider, counting the refunds it actually made (the side effects).
+
+    `fail_after_refund` makes the next call refund and then fail to answer:
+    TimeoutError (the executor cannot know it happened) or Crash (the executor
+    process dies before it can report anything)."""
+
+    def __init__(self, fail_after_refund=None):
+        super().__init__()
+        self.side_effects = 0
+        self.fail_after_refund = fail_after_refund
+
+    def refund(self, arguments, idempotency_key, timeout_ms):
+        assert timeout_ms > 0
+        result = super().refund(arguments, idempotency_key, timeout_ms)
+        self.side_effects += 1
+        failure, self.fail_after_refund = self.fail_after_refund, None
+        if failure is not None:
+            raise failure()
+        return result
+
+
+class Crash(Exception):
+    """The executor process dies mid-call (never caught by execute_refund)."""
+
+
+def execute(request_id, provider):
+    return refund_example.execute_refund(stub, ledger, pb, lpb, common, SMALL_REFUND, request_id, provider)
+
+
+def test_a_refund_runs_once_through_the_ledger():
+    provider = CountingProvider()
+    first = execute("refund-ledger-1", provider)
+    assert first.kind == "succeeded", first
+    assert first.result == {"refund_id": "re_1", "amount_cents": 2500}
+    # The model retries the same operation: the stored result, no second refund.
+    for _ in range(2):
+        again = execute("refund-ledger-1", provider)
+        assert again.kind == "completed", again
+        assert again.result == first.result
+    assert provider.side_effects == 1
+    # A new operation is a new refund.
+    assert execute("refund-ledger-2", provider).kind == "succeeded"
+    assert provider.side_effects == 2
+
+
+def test_a_retry_after_a_timeout_never_refunds_twice():
+    provider = CountingProvider(fail_after_refund=TimeoutError)
+    first = execute("refund-ledger-timeout", provider)
+    assert first.kind == "unknown", first
+    assert first.error.code == "timeout_unknown", first.error
+    assert first.error.resolution == "reconcile"
+    assert provider.side_effects == 1
+    # The retry is told to reconcile, asks the provider, and records what happened.
+    retry = execute("refund-ledger-timeout", provider)
+    assert retry.kind == "reconciled", retry
+    assert retry.result == {"refund_id": "re_1", "amount_cents": 2500}
+    # From then on the stored result is the answer.
+    again = execute("refund-ledger-timeout", provider)
+    assert again.kind == "completed", again
+    assert again.result == retry.result
+    assert provider.side_effects == 1
+
+
+def test_a_retry_while_the_first_executor_may_still_run_waits():
+    provider = CountingProvider(fail_after_refund=Crash)
+    try:
+        execute("refund-ledger-crash", provider)
+        raise AssertionError("the executor was expected to crash")
+    except Crash:
+        pass
+    assert provider.side_effects == 1
+    # Its lease (the tool's timeout plus a margin) still runs: nobody else may run it.
+    for _ in range(3):
+        retry = execute("refund-ledger-crash", provider)
+        assert retry.kind == "in_progress", retry
+        assert 0 < retry.retry_after_ms <= 1000, retry
+    assert provider.side_effects == 1
+
+
 TESTS = [test_allowed_refund_and_independent_idempotency_key, test_allowed_read, test_schema_violation,
          test_cross_tenant_deny, test_approval_required, test_approved_refund_runs_once_per_operation,
-         test_only_an_authorized_approver_may_decide]
+         test_only_an_authorized_approver_may_decide, test_a_refund_runs_once_through_the_ledger,
+         test_a_retry_after_a_timeout_never_refunds_twice, test_a_retry_while_the_first_executor_may_still_run_waits]
 
 if __name__ == "__main__":
     passed = failed = 0

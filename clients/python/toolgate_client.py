@@ -21,13 +21,15 @@ class Stubs(NamedTuple):
     common: ModuleType  # AuthContext, ErrorEnvelope, RiskLevel
     approval: ModuleType  # ApprovalService messages, ApprovalStatus and Verdict
     approval_grpc: ModuleType  # ApprovalServiceStub
+    ledger: ModuleType  # LedgerService messages, BeginOutcome, CompletionStatus, ExecutionState
+    ledger_grpc: ModuleType  # LedgerServiceStub
 
 
 def load_stubs(proto_dir: str, out_dir: str) -> Stubs:
     """Generates the Python stubs for toolgate.v1 into out_dir and imports them.
 
     Unpacks in the order of `Stubs`:
-    `pb, pb_grpc, common, approval_pb, approval_grpc = load_stubs(...)`.
+    `pb, pb_grpc, common, approval_pb, approval_grpc, ledger_pb, ledger_grpc = load_stubs(...)`.
     """
     protos = sorted(str(p) for p in Path(proto_dir, "toolgate", "v1").glob("*.proto"))
     subprocess.run(
@@ -37,8 +39,10 @@ def load_stubs(proto_dir: str, out_dir: str) -> Stubs:
     )
     sys.path.insert(0, out_dir)
     from toolgate.v1 import (  # noqa: E402
-        approval_pb2, approval_pb2_grpc, authorization_pb2, authorization_pb2_grpc, common_pb2)
-    return Stubs(authorization_pb2, authorization_pb2_grpc, common_pb2, approval_pb2, approval_pb2_grpc)
+        approval_pb2, approval_pb2_grpc, authorization_pb2, authorization_pb2_grpc, common_pb2, ledger_pb2,
+        ledger_pb2_grpc)
+    return Stubs(authorization_pb2, authorization_pb2_grpc, common_pb2, approval_pb2, approval_pb2_grpc,
+                 ledger_pb2, ledger_pb2_grpc)
 
 
 def default_addr() -> str:

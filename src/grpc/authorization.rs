@@ -7,10 +7,12 @@ use tonic::{Request, Response, Status};
 
 use super::{convert, pb};
 use crate::authorizer::{
-    AuthorizeInput, AuthorizeOutcome, ScheduleItem, ToolCallAuthorizer, schedule,
+    AuthorizeInput, AuthorizeOutcome, ScheduleItem, ToolCallAuthorizer, schedule, unknown_tool,
 };
 use crate::decode;
 use crate::envelope::{Envelope, ErrorCode};
+use crate::ledger::BeginAnswer;
+use crate::ledger_desk::LedgerDesk;
 use crate::telemetry;
 
 /// Most calls one `BatchAuthorize` may carry (one model turn).
@@ -20,11 +22,12 @@ const MAX_BATCH: usize = 128;
 #[derive(Debug, Clone)]
 pub struct AuthorizationApi {
     authorizer: Arc<ToolCallAuthorizer>,
+    ledger: Arc<LedgerDesk>,
 }
 
 impl AuthorizationApi {
-    pub fn new(authorizer: Arc<ToolCallAuthorizer>) -> Self {
-        Self { authorizer }
+    pub fn new(authorizer: Arc<ToolCallAuthorizer>, ledger: Arc<LedgerDesk>) -> Self {
+        Self { authorizer, ledger }
     }
 
     async fn decide(
@@ -44,13 +47,8 @@ impl AuthorizationApi {
             entities_json,
             tool_version,
             begin_execution,
-            lease_ms: _,
+            lease_ms,
         } = req;
-        if begin_execution {
-            return Err(Status::unimplemented(
-                "begin_execution is not implemented yet",
-            ));
-        }
         let input = AuthorizeInput {
             tool,
             arguments,
@@ -68,11 +66,18 @@ impl AuthorizationApi {
             .await
             .map_err(|e| convert::executor_status(&e))?;
         telemetry::audit_decision(&input, &outcome, arrived.elapsed());
-        Ok(response(outcome))
+        let execution = if begin_execution {
+            self.ledger
+                .begin_allowed(input.caller.as_ref(), &input.tool, &outcome, lease_ms)
+                .await
+        } else {
+            None
+        };
+        Ok(response(outcome, execution))
     }
 }
 
-fn response(o: AuthorizeOutcome) -> pb::AuthorizeResponse {
+fn response(o: AuthorizeOutcome, execution: Option<BeginAnswer>) -> pb::AuthorizeResponse {
     let AuthorizeOutcome {
         decision,
         decision_id,
@@ -114,7 +119,7 @@ fn response(o: AuthorizeOutcome) -> pb::AuthorizeResponse {
         error: error.as_ref().map(convert::envelope),
         policy_version,
         tool_version,
-        execution: None,
+        execution: execution.map(super::ledger::begin_response),
     }
 }
 
@@ -182,11 +187,9 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
         let pb::ValidateResultRequest { tool, result_json } = request.into_inner();
         let engine = self.authorizer.engine();
         let Some(contract) = engine.tools().get(&tool) else {
-            let e = Envelope::new(ErrorCode::ToolNotFound, "unknown tool")
-                .with("tool", tool.chars().take(64).collect::<String>());
             return Ok(Response::new(pb::ValidateResultResponse {
                 valid: false,
-                error: Some(convert::envelope(&e)),
+                error: Some(convert::envelope(&unknown_tool(&tool))),
             }));
         };
         let value = match decode::parse_strict(result_json.as_bytes(), &decode::Limits::default()) {

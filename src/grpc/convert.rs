@@ -12,6 +12,7 @@ use crate::authorizer::{Decision, ExecutorError};
 use crate::clock::UnixMillis;
 use crate::envelope::Envelope;
 use crate::identity::Caller;
+use crate::ledger::RecordedError;
 use crate::tools::Risk;
 
 /// An executor mistake: `INVALID_ARGUMENT` with a `BadRequest` field violation.
@@ -24,16 +25,19 @@ pub fn executor_status(e: &ExecutorError) -> Status {
 }
 
 pub fn envelope(e: &Envelope) -> pb::ErrorEnvelope {
-    let info = e.info();
+    recorded_error(&e.into())
+}
+
+pub fn recorded_error(e: &RecordedError) -> pb::ErrorEnvelope {
     pb::ErrorEnvelope {
-        code: info.code.to_owned(),
-        category: info.category.to_owned(),
+        code: e.code.clone(),
+        category: e.category.clone(),
         message: e.message.clone(),
-        retryable: info.retryable,
-        resolution: info.resolution.as_str().to_owned(),
-        expose_to_model: info.expose_to_model,
-        expose_to_user: info.expose_to_user,
-        details_json: e.details_json(),
+        retryable: e.retryable,
+        resolution: e.resolution.clone(),
+        expose_to_model: e.expose_to_model,
+        expose_to_user: e.expose_to_user,
+        details_json: e.details_json.clone(),
     }
 }
 

@@ -19,6 +19,7 @@ use tonic::transport::Server;
 
 use crate::approval_desk::ApprovalDesk;
 use crate::authorizer::ToolCallAuthorizer;
+use crate::ledger_desk::LedgerDesk;
 
 /// The generated wire types, private to the crate except through `pb`.
 #[allow(
@@ -52,6 +53,9 @@ pub struct Services {
     pub desk: Arc<ApprovalDesk>,
     /// How often due approvals are marked expired (and announced).
     pub expiry_interval: std::time::Duration,
+    /// The execution ledger; its records past retention are collected
+    /// every `collect_interval` of its configuration.
+    pub ledger: Arc<LedgerDesk>,
 }
 
 /// Serves every toolgate service, health and reflection on `listener` until
@@ -84,9 +88,12 @@ pub async fn serve(
         authorizer,
         desk,
         expiry_interval,
+        ledger,
     } = services;
-    let authorization =
-        AuthorizationServiceServer::new(authorization::AuthorizationApi::new(authorizer));
+    let authorization = AuthorizationServiceServer::new(authorization::AuthorizationApi::new(
+        authorizer,
+        Arc::clone(&ledger),
+    ));
     // Open watch streams would hold a graceful shutdown forever: they end
     // (with UNAVAILABLE, so clients watch again elsewhere) once it starts.
     let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
@@ -107,7 +114,21 @@ pub async fn serve(
             }
         }
     });
-    let ledger = LedgerServiceServer::new(ledger::LedgerApi);
+    // Retention likewise; each batch is its own short transaction.
+    let collector = {
+        let ledger = Arc::clone(&ledger);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(ledger.config().collect_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = ledger.collect_due().await {
+                    tracing::error!(error = %e, "ledger retention sweep failed");
+                }
+            }
+        })
+    };
+    let ledger = LedgerServiceServer::new(ledger::LedgerApi::new(ledger));
 
     // The policy set is loaded before the authorizer exists, so the
     // services are ready as soon as they are wired.
@@ -133,6 +154,7 @@ pub async fn serve(
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await;
     sweeper.abort();
+    collector.abort();
     result?;
     Ok(())
 }

@@ -1,10 +1,15 @@
-//! Persistent state: approvals (and, later, the execution ledger).
+//! Persistent state: approvals and the execution ledger.
 //!
 //! [`Store`] is the one interface every backend implements with the same
 //! semantics; each method is one database transaction. Backends touch the
-//! outside world and hold no authorization rules of their own.
+//! outside world and hold no authorization rules of their own: the ledger's
+//! state machine is [`crate::ledger`], which a backend runs inside its
+//! transaction (see [`Store::begin_execution`]).
 
 mod sqlite;
+
+#[cfg(test)]
+mod ledger_tests;
 
 pub use sqlite::SqliteStore;
 
@@ -12,6 +17,7 @@ use async_trait::async_trait;
 
 use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::clock::UnixMillis;
+use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled};
 
 /// Why the store could not answer. Messages are for logs, never for the model.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +44,8 @@ pub enum StoreError {
     Task(String),
     #[error("unsupported store url `{0}` (use sqlite:///path/file.db)")]
     UnsupportedUrl(String),
+    #[error("the record changed under a transition (expected revision {expected})")]
+    Conflict { expected: u64 },
 }
 
 /// The result of trying to consume an approval for one operation.
@@ -143,6 +151,58 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// [`StoreError`] when the database fails.
     async fn expire_due(&self, now: UnixMillis) -> Result<Vec<ApprovalRecord>, StoreError>;
+
+    /// Runs a ledger Begin in one transaction. Every ledger transition is run
+    /// the same way, and this is all a backend does with it:
+    ///
+    /// 1. in one transaction that no other transition on the same record can
+    ///    interleave with (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: `SELECT …
+    ///    FOR UPDATE`, an insert racing another insert retried), read the
+    ///    record of the step's tenant and key;
+    /// 2. call [`ledger::Transition::apply`] with it and a fencing token
+    ///    greater than every token the store ever issued (a store-wide
+    ///    counter or sequence; it is consumed only if the written record
+    ///    carries it);
+    /// 3. write the [`ledger::Write`] it returns (an update only if the record
+    ///    is still at `previous_revision`, else [`StoreError::Conflict`]),
+    ///    commit, and return the answer.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is then written.
+    async fn begin_execution(&self, step: ledger::Begin) -> Result<BeginAnswer, StoreError>;
+
+    /// Runs a ledger completion in one transaction, like [`Store::begin_execution`].
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is then written.
+    async fn complete_execution(&self, step: ledger::Complete) -> Result<Settled, StoreError>;
+
+    /// Runs a ledger reconciliation in one transaction, like
+    /// [`Store::begin_execution`]; `None` when there is no such record.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is then written.
+    async fn reconcile_execution(
+        &self,
+        step: ledger::Reconcile,
+    ) -> Result<Option<Settled>, StoreError>;
+
+    /// The record of `idempotency_key` in this tenant.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn get_execution(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+    ) -> Result<Option<ExecutionRecord>, StoreError>;
+
+    /// Deletes, in one transaction, at most `collect.limit` of the records
+    /// [`Collect::covers`]; returns how many.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn collect_executions(&self, collect: Collect) -> Result<usize, StoreError>;
 }
 
 /// Opens the store a URL names: `sqlite:///path/file.db` (or a bare path).

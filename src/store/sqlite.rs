@@ -1,5 +1,10 @@
 //! The embedded SQLite backend (the default): one file, WAL journal, every
 //! transition one `BEGIN IMMEDIATE` transaction.
+//!
+//! `BEGIN IMMEDIATE` takes the database's write lock before the first read,
+//! so a ledger transition reads and writes a record with no other writer in
+//! between, whether the other writer is this process or another one with
+//! the same file open: that is what makes a Begin exactly-once.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -10,10 +15,15 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use super::{ApprovalDecision, ApprovalUse, DecideOutcome, Store, StoreError};
 use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::clock::UnixMillis;
+use crate::ledger::{
+    self, BeginAnswer, Collect, ExecutionRecord, ExecutionState, RecordedError, Settled,
+    Transition, Write,
+};
 use crate::tools::Risk;
 
 /// Versioned migrations; index + 1 is the schema version they produce.
-const MIGRATIONS: &[&str] = &[r"
+const MIGRATIONS: &[&str] = &[
+    r"
 CREATE TABLE approvals (
     approval_id TEXT PRIMARY KEY,
     tenant_id TEXT NOT NULL,
@@ -37,7 +47,34 @@ CREATE UNIQUE INDEX approvals_one_pending_per_call
     ON approvals (tenant_id, requester_subject_id, tool, arguments_sha256, request_id)
     WHERE status = 'PENDING';
 CREATE INDEX approvals_by_tenant_status ON approvals (tenant_id, status, created_at);
-"];
+",
+    r"
+CREATE TABLE executions (
+    tenant_id TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    arguments_sha256 TEXT NOT NULL,
+    state TEXT NOT NULL
+        CHECK (state IN ('IN_PROGRESS', 'SUCCEEDED', 'FAILED_RETRYABLE', 'UNKNOWN', 'FAILED_FINAL')),
+    attempt INTEGER NOT NULL CHECK (attempt >= 1),
+    max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+    fencing_token INTEGER NOT NULL CHECK (fencing_token >= 1),
+    lease_expires_at INTEGER NOT NULL,
+    result_json TEXT,
+    error_json TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    revision INTEGER NOT NULL CHECK (revision >= 1),
+    PRIMARY KEY (tenant_id, idempotency_key)
+);
+CREATE INDEX executions_by_updated_at ON executions (updated_at);
+CREATE TABLE ledger_fencing (
+    singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+    last_token INTEGER NOT NULL CHECK (last_token >= 0)
+);
+INSERT INTO ledger_fencing (singleton, last_token) VALUES (1, 0);
+",
+];
 
 /// SQLite behind a mutex; calls run on tokio's blocking pool.
 #[derive(Debug, Clone)]
@@ -151,8 +188,237 @@ fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ApprovalRecord, S
     }))
 }
 
+const EXECUTION_COLUMNS: &str = "tenant_id, idempotency_key, tool, arguments_sha256, state, attempt, \
+     max_attempts, fencing_token, lease_expires_at, result_json, error_json, created_at, updated_at, revision";
+
+fn execution_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ExecutionRecord, StoreError>> {
+    let state: String = row.get(4)?;
+    let Some(state) = ExecutionState::parse(&state) else {
+        return Ok(Err(StoreError::Corrupt(format!(
+            "unknown execution state `{state}`"
+        ))));
+    };
+    let error = match row.get::<_, Option<String>>(10)? {
+        None => None,
+        Some(text) => match error_from_json(&text) {
+            Some(e) => Some(e),
+            None => {
+                return Ok(Err(StoreError::Corrupt(
+                    "an execution's error is not readable".into(),
+                )));
+            }
+        },
+    };
+    let unsigned = |i: usize| -> rusqlite::Result<u64> {
+        let v: i64 = row.get(i)?;
+        u64::try_from(v).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(i, v))
+    };
+    Ok(Ok(ExecutionRecord {
+        tenant_id: row.get(0)?,
+        idempotency_key: row.get(1)?,
+        tool: row.get(2)?,
+        arguments_sha256: row.get(3)?,
+        state,
+        attempt: row.get(5)?,
+        max_attempts: row.get(6)?,
+        fencing_token: unsigned(7)?,
+        lease_expires_at: row.get(8)?,
+        result_json: row.get(9)?,
+        error,
+        created_at: row.get(11)?,
+        updated_at: row.get(12)?,
+        revision: unsigned(13)?,
+    }))
+}
+
+fn read_execution(
+    conn: &Connection,
+    tenant_id: &str,
+    idempotency_key: &str,
+) -> Result<Option<ExecutionRecord>, StoreError> {
+    conn.query_row(
+        &format!(
+            "SELECT {EXECUTION_COLUMNS} FROM executions WHERE tenant_id = ?1 AND idempotency_key = ?2"
+        ),
+        params![tenant_id, idempotency_key],
+        execution_from_row,
+    )
+    .optional()?
+    .transpose()
+}
+
+/// How a [`RecordedError`] is kept: a JSON object of its fields.
+fn error_to_json(e: &RecordedError) -> String {
+    serde_json::json!({
+        "code": e.code,
+        "category": e.category,
+        "message": e.message,
+        "retryable": e.retryable,
+        "resolution": e.resolution,
+        "expose_to_model": e.expose_to_model,
+        "expose_to_user": e.expose_to_user,
+        "details_json": e.details_json,
+    })
+    .to_string()
+}
+
+fn error_from_json(text: &str) -> Option<RecordedError> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let text = |k: &str| v.get(k)?.as_str().map(str::to_owned);
+    let flag = |k: &str| v.get(k)?.as_bool();
+    Some(RecordedError {
+        code: text("code")?,
+        category: text("category")?,
+        message: text("message")?,
+        retryable: flag("retryable")?,
+        resolution: text("resolution")?,
+        expose_to_model: flag("expose_to_model")?,
+        expose_to_user: flag("expose_to_user")?,
+        details_json: text("details_json")?,
+    })
+}
+
+fn signed(v: u64) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{v} does not fit a stored integer")))
+}
+
+/// One ledger transition in one `BEGIN IMMEDIATE` transaction (see
+/// [`Store::begin_execution`] for the protocol).
+fn transition<T: Transition>(conn: &mut Connection, step: &T) -> Result<T::Answer, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let id = step.id();
+    let current = read_execution(&tx, &id.tenant_id, &id.idempotency_key)?;
+    let last_token: i64 = tx.query_row(
+        "SELECT last_token FROM ledger_fencing WHERE singleton = 1",
+        [],
+        |r| r.get(0),
+    )?;
+    let next_token = u64::try_from(last_token)
+        .map_err(|_| StoreError::Corrupt("the fencing counter is negative".into()))?
+        .saturating_add(1);
+    let (answer, write) = step.apply(current.as_ref(), next_token);
+    let row = |r: &ExecutionRecord| -> Result<_, StoreError> {
+        Ok((
+            signed(r.fencing_token)?,
+            signed(r.revision)?,
+            r.error.as_ref().map(error_to_json),
+        ))
+    };
+    match &write {
+        Write::Nothing => {}
+        Write::Insert(r) => {
+            let (token, revision, error) = row(r)?;
+            tx.execute(
+                &format!(
+                    "INSERT INTO executions ({EXECUTION_COLUMNS}) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+                ),
+                params![
+                    r.tenant_id,
+                    r.idempotency_key,
+                    r.tool,
+                    r.arguments_sha256,
+                    r.state.as_str(),
+                    r.attempt,
+                    r.max_attempts,
+                    token,
+                    r.lease_expires_at,
+                    r.result_json,
+                    error,
+                    r.created_at,
+                    r.updated_at,
+                    revision
+                ],
+            )?;
+        }
+        Write::Update {
+            record: r,
+            previous_revision,
+        } => {
+            let (token, revision, error) = row(r)?;
+            // The identity, tool and hash of a record never change.
+            let changed = tx.execute(
+                "UPDATE executions SET state = ?3, attempt = ?4, max_attempts = ?5, fencing_token = ?6, \
+                 lease_expires_at = ?7, result_json = ?8, error_json = ?9, updated_at = ?10, revision = ?11 \
+                 WHERE tenant_id = ?1 AND idempotency_key = ?2 AND revision = ?12",
+                params![
+                    r.tenant_id,
+                    r.idempotency_key,
+                    r.state.as_str(),
+                    r.attempt,
+                    r.max_attempts,
+                    token,
+                    r.lease_expires_at,
+                    r.result_json,
+                    error,
+                    r.updated_at,
+                    revision,
+                    signed(*previous_revision)?
+                ],
+            )?;
+            if changed != 1 {
+                return Err(StoreError::Conflict {
+                    expected: *previous_revision,
+                });
+            }
+        }
+    }
+    if write
+        .record()
+        .is_some_and(|r| r.fencing_token == next_token)
+    {
+        tx.execute(
+            "UPDATE ledger_fencing SET last_token = ?1 WHERE singleton = 1",
+            params![signed(next_token)?],
+        )?;
+    }
+    tx.commit()?;
+    Ok(answer)
+}
+
 #[async_trait]
 impl Store for SqliteStore {
+    async fn begin_execution(&self, step: ledger::Begin) -> Result<BeginAnswer, StoreError> {
+        self.with(move |conn| transition(conn, &step)).await
+    }
+
+    async fn complete_execution(&self, step: ledger::Complete) -> Result<Settled, StoreError> {
+        self.with(move |conn| transition(conn, &step)).await
+    }
+
+    async fn reconcile_execution(
+        &self,
+        step: ledger::Reconcile,
+    ) -> Result<Option<Settled>, StoreError> {
+        self.with(move |conn| transition(conn, &step)).await
+    }
+
+    async fn get_execution(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+    ) -> Result<Option<ExecutionRecord>, StoreError> {
+        let (tenant_id, key) = (tenant_id.to_owned(), idempotency_key.to_owned());
+        self.with(move |conn| read_execution(conn, &tenant_id, &key))
+            .await
+    }
+
+    async fn collect_executions(&self, collect: Collect) -> Result<usize, StoreError> {
+        let limit = i64::try_from(collect.limit).unwrap_or(i64::MAX);
+        self.with(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            // Exactly `Collect::covers`, at most `limit` rows.
+            let n = tx.execute(
+                "DELETE FROM executions WHERE rowid IN (SELECT rowid FROM executions \
+                 WHERE updated_at <= ?1 AND NOT (state = 'IN_PROGRESS' AND lease_expires_at > ?2) LIMIT ?3)",
+                params![collect.updated_at_or_before, collect.now, limit],
+            )?;
+            tx.commit()?;
+            Ok(n)
+        })
+        .await
+    }
+
     async fn pending_approval_for_call(
         &self,
         new: NewApproval,
@@ -387,6 +653,118 @@ impl Store for SqliteStore {
 
 #[cfg(test)]
 mod tests {
+    mod ledger {
+        use std::sync::Arc;
+
+        use super::super::*;
+        use crate::ledger::{Begin, ExecutionId};
+        use crate::store::ledger_tests;
+
+        fn store(dir: &tempfile::TempDir) -> SqliteStore {
+            SqliteStore::open(&dir.path().join("s.db")).unwrap()
+        }
+
+        #[tokio::test]
+        async fn transitions_round_trip() {
+            let dir = tempfile::tempdir().unwrap();
+            ledger_tests::transitions_round_trip(&store(&dir)).await;
+            // And survive a reopen of the file.
+            let again = store(&dir);
+            let r = again.get_execution("acme", "k1").await.unwrap().unwrap();
+            assert_eq!(r.state, ExecutionState::Succeeded);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn exactly_one_acquires_across_two_connections_to_one_file() {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("s.db");
+            ledger_tests::exactly_one_acquires_across_connections(&move || {
+                Arc::new(SqliteStore::open(&path).unwrap()) as Arc<dyn Store>
+            })
+            .await;
+        }
+
+        #[tokio::test]
+        async fn collection_is_batched_and_spares_live_leases() {
+            let dir = tempfile::tempdir().unwrap();
+            ledger_tests::collection_is_batched_and_spares_live_leases(&store(&dir)).await;
+        }
+
+        /// A transition whose update expects a revision the record is not at.
+        #[derive(Debug)]
+        struct Stale(ExecutionId);
+
+        impl Transition for Stale {
+            type Answer = ();
+            fn id(&self) -> &ExecutionId {
+                &self.0
+            }
+            fn apply(&self, current: Option<&ExecutionRecord>, next: u64) -> ((), Write) {
+                let mut record = current.unwrap().clone();
+                record.fencing_token = next;
+                record.revision = 99;
+                let write = Write::Update {
+                    record,
+                    previous_revision: 98,
+                };
+                ((), write)
+            }
+        }
+
+        #[tokio::test]
+        async fn an_update_of_a_changed_record_is_a_conflict_and_writes_nothing() {
+            let dir = tempfile::tempdir().unwrap();
+            let store = store(&dir);
+            let id = ExecutionId {
+                tenant_id: "acme".into(),
+                idempotency_key: "k".into(),
+            };
+            let first = store
+                .begin_execution(Begin {
+                    id: id.clone(),
+                    tool: "t".into(),
+                    arguments_sha256: "aa".into(),
+                    lease_ms: 10,
+                    max_attempts: 1,
+                    now: 0,
+                })
+                .await
+                .unwrap();
+            let err = store
+                .with(move |conn| transition(conn, &Stale(id)))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, StoreError::Conflict { expected: 98 }),
+                "{err}"
+            );
+            let r = store.get_execution("acme", "k").await.unwrap().unwrap();
+            assert_eq!((r.revision, r.fencing_token), (1, first.fencing_token));
+            // Nor was the token counter moved: the next token follows the first.
+            let conn = store.conn.lock().unwrap();
+            let last: i64 = conn
+                .query_row("SELECT last_token FROM ledger_fencing", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(u64::try_from(last).unwrap(), first.fencing_token);
+        }
+
+        #[tokio::test]
+        async fn the_schema_refuses_an_unknown_state() {
+            let dir = tempfile::tempdir().unwrap();
+            let store = store(&dir);
+            let conn = store.conn.lock().unwrap();
+            let err = conn
+                .execute(
+                    "INSERT INTO executions (tenant_id, idempotency_key, tool, arguments_sha256, state, attempt, \
+                     max_attempts, fencing_token, lease_expires_at, created_at, updated_at, revision) \
+                     VALUES ('t', 'k', 'x', 'aa', 'DONE', 1, 1, 1, 0, 0, 0, 1)",
+                    [],
+                )
+                .unwrap_err();
+            assert!(err.to_string().contains("CHECK constraint failed"), "{err}");
+        }
+    }
+
     #[tokio::test]
     async fn the_first_decision_wins_and_expiry_sweeps_what_is_due() {
         let dir = tempfile::tempdir().unwrap();
@@ -547,6 +925,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_version_1_file_is_migrated_and_keeps_its_approvals() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            conn.execute(
+                &format!("INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES ('a1', 't1', 'alice', 'agent', \
+                 'refund_order', '1', 'financial', 'ab', '{{}}', 'r1', 'PENDING', 0, 1000, NULL, NULL, NULL, NULL)"),
+                [],
+            )
+            .unwrap();
+        }
+        let store = SqliteStore::open(&path).unwrap();
+        let version: i64 = store
+            .conn
+            .lock()
+            .unwrap()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 2);
+        assert_eq!(
+            store
+                .get_approval("t1", "a1")
+                .await
+                .unwrap()
+                .unwrap()
+                .status,
+            ApprovalStatus::Pending
+        );
+        assert_eq!(store.get_execution("t1", "k").await.unwrap(), None);
+    }
+
+    #[tokio::test]
     async fn reopening_keeps_the_data_and_refuses_a_newer_schema() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nested/s.db");
@@ -567,7 +980,7 @@ mod tests {
             SqliteStore::open(&path),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 1
+                known: 2
             })
         ));
     }

@@ -108,6 +108,9 @@ pub struct ToolContract {
     pub sensitive: Vec<String>,
     /// How long a granted approval stays usable, at least 1 (900 when absent).
     pub approval_ttl_seconds: u64,
+    /// How many attempts the execution ledger allows one operation, at least 1; `None` when
+    /// absent (the ledger's configured default applies).
+    pub max_attempts: Option<u32>,
     /// The `inputSchema` as written.
     pub input_schema_json: Value,
     /// The `outputSchema` as written, if any.
@@ -208,6 +211,7 @@ const CONTRACT_FIELDS: &[&str] = &[
     "resource",
     "sensitive",
     "approvalTtlSeconds",
+    "maxAttempts",
     "inputSchema",
     "outputSchema",
 ];
@@ -242,6 +246,8 @@ struct RawContract {
     sensitive: Vec<String>,
     #[serde(default = "default_approval_ttl")]
     approval_ttl_seconds: u64,
+    #[serde(default)]
+    max_attempts: Option<u32>,
     input_schema: Value,
     #[serde(default)]
     output_schema: Option<Value>,
@@ -372,6 +378,9 @@ impl Loader<'_> {
                 ToolContractErrorKind::ZeroApprovalTtl,
             ));
         }
+        if raw.max_attempts == Some(0) {
+            return Err(self.error_at("/maxAttempts", ToolContractErrorKind::ZeroMaxAttempts));
+        }
         for (index, sensitive) in raw.sensitive.iter().enumerate() {
             if !pointer::is_valid(sensitive) {
                 return Err(self.error_at(
@@ -406,6 +415,7 @@ impl Loader<'_> {
             resource,
             sensitive: raw.sensitive,
             approval_ttl_seconds: raw.approval_ttl_seconds,
+            max_attempts: raw.max_attempts,
             input_schema_json: raw.input_schema,
             output_schema_json: raw.output_schema,
             input_type,

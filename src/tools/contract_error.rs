@@ -204,6 +204,13 @@ pub enum ToolContractErrorKind {
     #[error("`approvalTtlSeconds` must be at least 1")]
     #[diagnostic(code(toolgate::tools::zero_approval_ttl))]
     ZeroApprovalTtl,
+    /// `maxAttempts` is 0.
+    #[error("`maxAttempts` must be at least 1")]
+    #[diagnostic(
+        code(toolgate::tools::zero_max_attempts),
+        help("`maxAttempts` counts the first attempt too; leave it out for the ledger's default")
+    )]
+    ZeroMaxAttempts,
     /// A schema's `$schema` names a dialect other than Draft 2020-12.
     #[error("`{field}` must be JSON Schema draft 2020-12, not `{uri}`")]
     #[diagnostic(

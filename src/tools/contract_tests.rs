@@ -21,7 +21,7 @@ const REFUND: &str = r#"{
   "timeoutMs": 5000,
   "resource": {"type": "Order", "idPointer": "/order_id"},
   "sensitive": ["/note"],
-  "approvalTtlSeconds": 600,
+  "approvalTtlSeconds": 600, "maxAttempts": 4,
   "inputSchema": {
     "type": "object",
     "required": ["order_id", "amount_cents", "reason"],
@@ -71,6 +71,7 @@ fn valid_contract() {
     );
     assert_eq!(contract.sensitive, ["/note"]);
     assert_eq!(contract.approval_ttl_seconds, 600);
+    assert_eq!(contract.max_attempts, Some(4));
     assert_eq!(
         contract.input_schema_json["required"],
         json!(["order_id", "amount_cents", "reason"])
@@ -116,6 +117,7 @@ fn defaults() {
     assert_eq!(contract.resource, None);
     assert!(contract.sensitive.is_empty());
     assert_eq!(contract.approval_ttl_seconds, 900);
+    assert_eq!(contract.max_attempts, None);
     assert_eq!(contract.output_schema_json, None);
     assert_eq!(contract.input_type, InputType::Record(vec![]));
     assert_eq!(contract.validate_output(&json!("anything"), 20), []);
@@ -132,14 +134,14 @@ fn load_error(text: &str, expected: &str) -> ToolContractError {
 
 const ALL_FIELDS: &str = "`name`, `version`, `description`, `risk`, `idempotent`, `parallel`, \
                           `timeoutMs`, `resource`, `sensitive`, `approvalTtlSeconds`, \
-                          `inputSchema`, `outputSchema`";
+                          `maxAttempts`, `inputSchema`, `outputSchema`";
 
 #[test]
 fn every_field_of_the_format_is_accepted() {
-    // REFUND uses all twelve fields; the unknown-field message lists the same twelve.
+    // REFUND uses all thirteen fields; the unknown-field message lists the same thirteen.
     let document: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(REFUND).unwrap();
-    assert_eq!(document.len(), 12);
+    assert_eq!(document.len(), 13);
     let listed: Vec<String> = ALL_FIELDS
         .split(", ")
         .map(|field| field.trim_matches('`').to_owned())
@@ -193,7 +195,7 @@ fn unknown_fields() {
     );
     assert!(matches!(
         error.kind(),
-        ToolContractErrorKind::UnknownField { field, expected } if field == "foo" && expected.len() == 12
+        ToolContractErrorKind::UnknownField { field, expected } if field == "foo" && expected.len() == 13
     ));
     let error = load_error(
         &edit(
@@ -312,6 +314,22 @@ fn zero_durations() {
     assert!(matches!(
         error.kind(),
         ToolContractErrorKind::ZeroApprovalTtl
+    ));
+    let error = load_error(
+        &edit("\"maxAttempts\": 4", "\"maxAttempts\": 0"),
+        ":11:30: `maxAttempts` must be at least 1",
+    );
+    assert!(matches!(
+        error.kind(),
+        ToolContractErrorKind::ZeroMaxAttempts
+    ));
+    let error = load_error(
+        &edit("\"maxAttempts\": 4", "\"maxAttempts\": -1"),
+        ":11:46: invalid value: integer `-1`, expected u32",
+    );
+    assert!(matches!(
+        error.kind(),
+        ToolContractErrorKind::InvalidField { .. }
     ));
 }
 

@@ -25,6 +25,7 @@
 //! | `resource` | no | `{"type": "Order", "idPointer": "/order_id"}`; `idPointer` must name a property that every property along the pointer lists in `required` of a `"type": "object"` schema, ending at `"type": "string"` |
 //! | `sensitive` | no (`[]`) | JSON pointers redacted from audit logs and approval display |
 //! | `approvalTtlSeconds` | no (`900`) | at least 1 |
+//! | `maxAttempts` | no (`[ledger] default_max_attempts`, 3) | at least 1: how many attempts the execution ledger grants one operation, the first included; a retryable failure of the last one is final |
 //! | `inputSchema` | yes | JSON Schema 2020-12 with `"type": "object"` at the top |
 //! | `outputSchema` | no | JSON Schema 2020-12 |
 //!

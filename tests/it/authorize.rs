@@ -11,7 +11,7 @@ use toolgate::authorizer::AuthorizerConfig;
 use toolgate::decode::Limits;
 use toolgate::grpc::pb::{self, Decision};
 
-use crate::support::{TestServer, auth, code, details, fixture, request};
+use crate::support::{TestServer, auth, bad_request_field, code, details, fixture, request};
 
 fn sha256_hex(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
@@ -527,13 +527,6 @@ async fn the_time_budget_follows_the_request_deadline_and_the_grpc_deadline() {
     server.stop().await;
 }
 
-fn bad_request_field(status: &tonic::Status) -> String {
-    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    let details = status.get_error_details();
-    let bad = details.bad_request().expect("BadRequest details");
-    bad.field_violations.first().unwrap().field.clone()
-}
-
 #[tokio::test]
 async fn executor_mistakes_are_invalid_argument_with_bad_request_details() {
     let server = TestServer::start().await;
@@ -755,18 +748,6 @@ async fn health_serves_and_reflection_lists_the_services() {
         names.contains(&"toolgate.v1.LedgerService".to_owned()),
         "{names:?}"
     );
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn unimplemented_services_say_so() {
-    let server = TestServer::start().await;
-    let mut ledger = pb::ledger_service_client::LedgerServiceClient::new(server.channel().await);
-    let e = ledger
-        .get_execution(pb::GetExecutionRequest::default())
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
     server.stop().await;
 }
 

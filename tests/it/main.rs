@@ -12,6 +12,9 @@
 mod approvals;
 mod authorize;
 mod cli;
+mod ledger;
+mod ledger_crash;
 mod python;
 mod restart;
+mod sidecar;
 mod support;

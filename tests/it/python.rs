@@ -1,5 +1,6 @@
 //! The Python executor (grpcio, stubs generated from `proto/` at test time)
-//! runs the README's refund example against the real server, and an
+//! runs the README's refund example against the real server, through the
+//! execution ledger (once per operation, even after a timeout), and an
 //! independent RFC 8785 implementation recomputes the idempotency key and the
 //! arguments hash. A second Python client, the approver, approves the large
 //! refund with a real identity token minted here (Python holds no signing key).
@@ -62,6 +63,6 @@ async fn the_python_executor_runs_the_refund_example() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("7 passed, 0 failed"), "{text}");
+    assert!(text.contains("10 passed, 0 failed"), "{text}");
     server.stop().await;
 }

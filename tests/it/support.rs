@@ -13,6 +13,8 @@ use toolgate::authorizer::{AuthorizerConfig, ToolCallAuthorizer};
 use toolgate::clock::SystemClock;
 use toolgate::grpc::pb;
 use toolgate::grpc::pb::authorization_service_client::AuthorizationServiceClient;
+use toolgate::grpc::pb::ledger_service_client::LedgerServiceClient;
+use toolgate::ledger::LedgerConfig;
 use toolgate::policy::PolicyEngine;
 use toolgate::store::SqliteStore;
 
@@ -43,15 +45,30 @@ impl TestServer {
     }
 
     pub async fn start_with(policies: &Path, config: AuthorizerConfig) -> Self {
-        Self::start_full(policies, config, Arc::new(SystemClock)).await
+        Self::start_full(
+            policies,
+            config,
+            Arc::new(SystemClock),
+            test_ledger_config(),
+        )
+        .await
     }
 
     /// A server on an injected clock, for expiry without sleeps.
     pub async fn start_with_clock(clock: toolgate::clock::ManualClock) -> Self {
+        Self::start_with_ledger(clock, test_ledger_config()).await
+    }
+
+    /// A server on an injected clock with these ledger settings.
+    pub async fn start_with_ledger(
+        clock: toolgate::clock::ManualClock,
+        ledger: LedgerConfig,
+    ) -> Self {
         Self::start_full(
             &example_policies(),
             AuthorizerConfig::default(),
             Arc::new(clock),
+            ledger,
         )
         .await
     }
@@ -60,11 +77,13 @@ impl TestServer {
         policies: &Path,
         config: AuthorizerConfig,
         clock: Arc<dyn toolgate::clock::Clock>,
+        ledger: LedgerConfig,
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db_path = dir.path().join("toolgate.db");
         let engine = PolicyEngine::load(policies).unwrap_or_else(|e| panic!("{e:?}"));
         let store: Arc<dyn toolgate::store::Store> = Arc::new(SqliteStore::open(&db_path).unwrap());
+        let (limits, violation_cap) = (config.limits, config.violation_cap);
         let engine = Arc::new(ArcSwap::from_pointee(engine));
         let events = Arc::new(toolgate::approvals::ApprovalEvents::default());
         let authorizer = Arc::new(
@@ -76,6 +95,14 @@ impl TestServer {
             )
             .with_events(Arc::clone(&events)),
         );
+        let ledger = Arc::new(toolgate::ledger_desk::LedgerDesk::new(
+            Arc::clone(&engine),
+            store.clone(),
+            Arc::clone(&clock),
+            ledger,
+            limits,
+            violation_cap,
+        ));
         let desk = Arc::new(toolgate::approval_desk::ApprovalDesk::new(
             engine,
             store,
@@ -87,6 +114,7 @@ impl TestServer {
             authorizer,
             desk,
             expiry_interval: Duration::from_millis(200),
+            ledger,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -119,6 +147,10 @@ impl TestServer {
         AuthorizationServiceClient::new(self.channel().await)
     }
 
+    pub async fn ledger(&self) -> LedgerServiceClient<Channel> {
+        LedgerServiceClient::new(self.channel().await)
+    }
+
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -137,6 +169,15 @@ impl Drop for TestServer {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// The ledger's defaults, with retention collected often (every 100 ms) so
+/// that retention tests on an injected clock wait little.
+pub fn test_ledger_config() -> LedgerConfig {
+    LedgerConfig {
+        collect_interval: Duration::from_millis(100),
+        ..LedgerConfig::default()
     }
 }
 
@@ -285,4 +326,13 @@ pub fn details(r: &pb::AuthorizeResponse) -> serde_json::Value {
 /// The envelope code of a response ("" for none).
 pub fn code(r: &pb::AuthorizeResponse) -> &str {
     r.error.as_ref().map_or("", |e| e.code.as_str())
+}
+
+/// The field of an `INVALID_ARGUMENT` status's `BadRequest` violation.
+pub fn bad_request_field(status: &tonic::Status) -> String {
+    use tonic_types::StatusExt as _;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    let details = status.get_error_details();
+    let bad = details.bad_request().expect("BadRequest details");
+    bad.field_violations.first().unwrap().field.clone()
 }
