@@ -13,6 +13,7 @@ use miette::Diagnostic;
 use sha2::{Digest, Sha256};
 
 use super::schema::{GENERATED_ENTITY_TYPES, core_fragment, tool_actions_fragment};
+use super::slice::PolicySlices;
 use super::{PolicyEngine, SourceDiagnostic};
 use crate::tools::{ToolContractError, ToolRegistry};
 
@@ -299,6 +300,9 @@ impl PolicyEngine {
                     SourceDiagnostic::whole_file(&entities_path, e.to_string()),
                 )
             })?;
+
+        let policies = PolicySlices::build(policies, &action_entities)
+            .map_err(|e| LoadErrors::one(dir, SourceDiagnostic::whole_file(dir, e.to_string())))?;
 
         hashed.extend(sources);
         let version = version_of(dir, &hashed);

@@ -16,13 +16,20 @@
 mod decide;
 mod diagnostic;
 mod load;
+pub mod plain;
 pub mod schema;
+mod slice;
+
+#[cfg(test)]
+mod cedar_conformance_tests;
 
 pub use decide::{DecideError, PolicyDecision, ToolCall};
 pub use diagnostic::{SourceDiagnostic, line_column};
 pub use load::{LoadErrors, PolicyLoadError};
 
-use cedar_policy::{Entities, PolicySet, Schema};
+use cedar_policy::{Entities, Schema};
+
+use self::slice::PolicySlices;
 
 use crate::tools::ToolRegistry;
 
@@ -30,7 +37,8 @@ use crate::tools::ToolRegistry;
 pub struct PolicyEngine {
     tools: ToolRegistry,
     schema: Schema,
-    policies: PolicySet,
+    /// Every policy, and per action the slice a decision evaluates.
+    policies: PolicySlices,
     static_entities: Entities,
     schema_text: String,
     version: String,
@@ -75,6 +83,12 @@ impl PolicyEngine {
     /// How many policies are loaded.
     #[must_use]
     pub fn policy_count(&self) -> usize {
-        self.policies.policies().count()
+        self.policies.full().policies().count()
+    }
+
+    /// The most policies any one action evaluates (its slice).
+    #[must_use]
+    pub fn largest_slice(&self) -> usize {
+        self.policies.largest_slice()
     }
 }
