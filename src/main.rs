@@ -33,6 +33,13 @@ enum Command {
     Check {
         #[arg(long, env = "TOOLGATE_POLICIES", default_value = "policies")]
         policies: PathBuf,
+        /// `human` (file:line:column: message, with the source) or `json`
+        /// (one object with every diagnostic, for CI pipelines).
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+        /// Fail (exit 1) on Cedar validator warnings too.
+        #[arg(long)]
+        deny_warnings: bool,
     },
     /// Print the combined Cedar schema.
     Schema {
@@ -47,6 +54,12 @@ enum Command {
     /// provider's tokens against its published key set.
     #[command(subcommand)]
     Dev(DevCommand),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    Human,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -148,7 +161,11 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Check { policies } => Ok(check(&policies)),
+        Command::Check {
+            policies,
+            format,
+            deny_warnings,
+        } => Ok(check(&policies, format, deny_warnings)),
         Command::Schema { policies } => {
             let engine = load_or_report(&policies)?;
             print!("{}", engine.schema_text());
@@ -211,25 +228,66 @@ fn dev_token(args: &DevTokenArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn check(policies: &std::path::Path) -> ExitCode {
-    match PolicyEngine::load(policies) {
-        Ok(engine) => {
+fn check(policies: &std::path::Path, format: Format, deny_warnings: bool) -> ExitCode {
+    let loaded = PolicyEngine::load(policies);
+    let failed = match &loaded {
+        Ok(engine) => deny_warnings && !engine.warnings().is_empty(),
+        Err(_) => true,
+    };
+    match (format, &loaded) {
+        (Format::Json, _) => {
+            let (engine, diagnostics) = match &loaded {
+                Ok(engine) => (Some(engine), engine.warnings().to_vec()),
+                Err(errors) => {
+                    let mut all = errors.diagnostics();
+                    all.extend(errors.warnings.iter().cloned());
+                    (None, all)
+                }
+            };
+            let count = |severity: &str| {
+                diagnostics
+                    .iter()
+                    .filter(|d| d.severity == severity)
+                    .count()
+            };
+            let json = serde_json::json!({
+                "ok": !failed,
+                "policy_version": engine.map(PolicyEngine::version),
+                "tools": engine.map(|e| e.tools().len()),
+                "policies": engine.map(PolicyEngine::policy_count),
+                "errors": count("error"),
+                "warnings": count("warning"),
+                "diagnostics": diagnostics.iter().map(|d| serde_json::json!({
+                    "file": d.path.display().to_string(),
+                    "line": d.line,
+                    "column": d.column,
+                    "severity": d.severity,
+                    "code": d.code,
+                    "message": d.message,
+                    "help": d.help,
+                })).collect::<Vec<_>>(),
+            });
+            println!("{json:#}");
+        }
+        (Format::Human, Ok(engine)) => {
             for w in engine.warnings() {
-                println!("{w}");
+                println!("warning: {w}");
             }
             println!(
-                "ok: {} tools, {} policies, {} warning(s), policy_version {}",
+                "{}: {} tools, {} policies, {} warning(s), policy_version {}",
+                if failed { "failed" } else { "ok" },
                 engine.tools().len(),
                 engine.policy_count(),
                 engine.warnings().len(),
                 engine.version()
             );
-            ExitCode::SUCCESS
         }
-        Err(errors) => {
-            report(&errors);
-            ExitCode::FAILURE
-        }
+        (Format::Human, Err(errors)) => report(errors),
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 
@@ -238,6 +296,9 @@ fn check(policies: &std::path::Path) -> ExitCode {
 fn report(errors: &toolgate::policy::LoadErrors) {
     for e in &errors.errors {
         eprintln!("error: {e}");
+    }
+    for w in &errors.warnings {
+        eprintln!("warning: {w}");
     }
     let handler = miette::GraphicalReportHandler::new();
     for e in &errors.errors {

@@ -18,6 +18,9 @@ pub struct SourceDiagnostic {
     pub help: Option<String>,
     /// `"error"` or `"warning"`.
     pub severity: &'static str,
+    /// A stable kind for machines (`cedar::parse`, `cedar::validation`,
+    /// `toolgate::tools::unknown_field`, …): what CI filters on.
+    pub code: String,
     src: Option<NamedSource<String>>,
     span: Option<SourceSpan>,
 }
@@ -34,11 +37,22 @@ impl SourceDiagnostic {
             message,
             help: None,
             severity: "error",
+            code: codes::POLICY.to_owned(),
             src: Some(NamedSource::new(
                 path.display().to_string(),
                 text.to_owned(),
             )),
             span: offset.map(|o| SourceSpan::from((o, 0))),
+        }
+    }
+
+    /// A diagnostic at a known line and column, without the file's text.
+    #[must_use]
+    pub fn at_line_column(path: &Path, line: usize, column: usize, message: String) -> Self {
+        Self {
+            line,
+            column,
+            ..Self::whole_file(path, message)
         }
     }
 
@@ -52,14 +66,16 @@ impl SourceDiagnostic {
             message,
             help: None,
             severity: "error",
+            code: codes::POLICY.to_owned(),
             src: None,
             span: None,
         }
     }
 
-    /// Builds a diagnostic from any `miette` diagnostic whose labels point into `text`.
+    /// Builds a diagnostic from any `miette` diagnostic whose labels point
+    /// into `text`; its code is the diagnostic's own, else `code`.
     #[must_use]
-    pub fn from_diagnostic(path: &Path, text: &str, diag: &dyn Diagnostic) -> Self {
+    pub fn from_diagnostic(path: &Path, text: &str, diag: &dyn Diagnostic, code: &str) -> Self {
         let offset = diag
             .labels()
             .and_then(|mut l| l.next())
@@ -75,7 +91,17 @@ impl SourceDiagnostic {
         }
         let mut d = Self::at_offset(path, text, offset, message);
         d.help = help;
+        d.code = diag
+            .code()
+            .map_or_else(|| code.to_owned(), |c| c.to_string());
         d
+    }
+
+    /// Sets the stable kind.
+    #[must_use]
+    pub fn with_code(mut self, code: &str) -> Self {
+        code.clone_into(&mut self.code);
+        self
     }
 
     /// Marks this diagnostic a warning.
@@ -84,6 +110,23 @@ impl SourceDiagnostic {
         self.severity = "warning";
         self
     }
+}
+
+/// The stable kinds of the diagnostics toolgate raises itself (Cedar's
+/// and the tool contracts' carry their own).
+pub mod codes {
+    pub const POLICY: &str = "toolgate::policy";
+    pub const IO: &str = "toolgate::io";
+    pub const SCHEMA: &str = "cedar::schema";
+    pub const SCHEMA_WARNING: &str = "cedar::schema_warning";
+    pub const PARSE: &str = "cedar::parse";
+    pub const VALIDATION: &str = "cedar::validation";
+    pub const VALIDATION_WARNING: &str = "cedar::validation_warning";
+    pub const ENTITIES: &str = "cedar::entities";
+    pub const REDECLARED_TYPE: &str = "toolgate::policy::redeclared_type";
+    pub const UNKNOWN_RESOURCE_TYPE: &str = "toolgate::policy::unknown_resource_type";
+    pub const DUPLICATE_ID: &str = "toolgate::policy::duplicate_id";
+    pub const TEMPLATE: &str = "toolgate::policy::template";
 }
 
 impl fmt::Display for SourceDiagnostic {
@@ -106,6 +149,18 @@ impl fmt::Display for SourceDiagnostic {
 impl std::error::Error for SourceDiagnostic {}
 
 impl Diagnostic for SourceDiagnostic {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        Some(Box::new(&self.code))
+    }
+
+    fn severity(&self) -> Option<miette::Severity> {
+        Some(if self.severity == "warning" {
+            miette::Severity::Warning
+        } else {
+            miette::Severity::Error
+        })
+    }
+
     fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
         self.help
             .as_ref()

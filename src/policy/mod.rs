@@ -24,7 +24,7 @@ mod slice;
 mod cedar_conformance_tests;
 
 pub use decide::{DecideError, PolicyDecision, ToolCall};
-pub use diagnostic::{SourceDiagnostic, line_column};
+pub use diagnostic::{SourceDiagnostic, codes, line_column};
 pub use load::{LoadErrors, PolicyLoadError};
 
 use cedar_policy::{Entities, Schema};
