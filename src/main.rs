@@ -12,7 +12,7 @@ use toolgate::authorizer::{AuthorizeInput, ToolCallAuthorizer};
 use toolgate::clock::SystemClock;
 use toolgate::config::{Config, ListenAddr, Overrides};
 use toolgate::identity::Caller;
-use toolgate::policy::PolicyEngine;
+use toolgate::policy::{PolicyEngine, PolicyReloader};
 
 #[derive(Parser)]
 #[command(
@@ -247,7 +247,7 @@ fn check(policies: &std::path::Path, format: Format, deny_warnings: bool) -> Exi
             let count = |severity: &str| {
                 diagnostics
                     .iter()
-                    .filter(|d| d.severity == severity)
+                    .filter(|d| d.severity.as_str() == severity)
                     .count()
             };
             let json = serde_json::json!({
@@ -261,7 +261,7 @@ fn check(policies: &std::path::Path, format: Format, deny_warnings: bool) -> Exi
                     "file": d.path.display().to_string(),
                     "line": d.line,
                     "column": d.column,
-                    "severity": d.severity,
+                    "severity": d.severity.as_str(),
                     "code": d.code,
                     "message": d.message,
                     "help": d.help,
@@ -327,7 +327,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         audience: args.audience,
     };
     let config = Config::load(args.config.as_deref(), overrides)?;
-    let engine = load_or_report(&config.policies)?;
+    let clock: Arc<dyn toolgate::clock::Clock> = Arc::new(SystemClock);
+    let policies = Arc::new(
+        PolicyReloader::load(&config.policies, Arc::clone(&clock)).map_err(|errors| {
+            report(&errors);
+            anyhow::anyhow!(
+                "the policy set in `{}` is invalid",
+                config.policies.display()
+            )
+        })?,
+    );
     let store = toolgate::store::open(&config.store).context("opening the store")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -339,11 +348,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
+        let engine = policies.live();
         tracing::info!(
             listen = %listener.local_addr()?,
             policies = %config.policies.display(),
-            policy_version = engine.version(),
-            tools = engine.tools().len(),
+            policy_version = engine.load().version(),
+            tools = engine.load().tools().len(),
             "toolgate serving"
         );
         let verifier: Option<Arc<dyn toolgate::approval_desk::IdentityVerifier>> = match &config
@@ -360,8 +370,6 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 None
             }
         };
-        let engine = Arc::new(ArcSwap::from_pointee(engine));
-        let clock: Arc<dyn toolgate::clock::Clock> = Arc::new(SystemClock);
         let events = Arc::new(toolgate::approvals::ApprovalEvents::default());
         let authorizer = Arc::new(
             ToolCallAuthorizer::new(
@@ -379,6 +387,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             authorizer,
             desk,
             expiry_interval: std::time::Duration::from_secs(1),
+            policies,
+            reload: config.reload,
         };
         toolgate::grpc::serve(listener, services, shutdown_signal()).await?;
         tracing::info!("toolgate stopped");

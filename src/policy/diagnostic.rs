@@ -5,6 +5,26 @@ use std::path::{Path, PathBuf};
 
 use miette::{Diagnostic, LabeledSpan, NamedSource, SourceSpan};
 
+/// Whether a diagnostic stops a policy set from loading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// The set does not load.
+    Error,
+    /// The set loads; something is probably not what its author meant.
+    Warning,
+}
+
+impl Severity {
+    /// `"error"` or `"warning"`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Error => "error",
+            Self::Warning => "warning",
+        }
+    }
+}
+
 /// One problem in one file a deployment edits, located by line and column.
 ///
 /// Displays as `path:line:column: message`, the form editors and CI logs
@@ -16,8 +36,7 @@ pub struct SourceDiagnostic {
     pub column: usize,
     pub message: String,
     pub help: Option<String>,
-    /// `"error"` or `"warning"`.
-    pub severity: &'static str,
+    pub severity: Severity,
     /// A stable kind for machines (`cedar::parse`, `cedar::validation`,
     /// `toolgate::tools::unknown_field`, …): what CI filters on.
     pub code: String,
@@ -36,7 +55,7 @@ impl SourceDiagnostic {
             column,
             message,
             help: None,
-            severity: "error",
+            severity: Severity::Error,
             code: codes::POLICY.to_owned(),
             src: Some(NamedSource::new(
                 path.display().to_string(),
@@ -65,7 +84,7 @@ impl SourceDiagnostic {
             column: 1,
             message,
             help: None,
-            severity: "error",
+            severity: Severity::Error,
             code: codes::POLICY.to_owned(),
             src: None,
             span: None,
@@ -107,7 +126,7 @@ impl SourceDiagnostic {
     /// Marks this diagnostic a warning.
     #[must_use]
     pub fn warning(mut self) -> Self {
-        self.severity = "warning";
+        self.severity = Severity::Warning;
         self
     }
 }
@@ -154,10 +173,9 @@ impl Diagnostic for SourceDiagnostic {
     }
 
     fn severity(&self) -> Option<miette::Severity> {
-        Some(if self.severity == "warning" {
-            miette::Severity::Warning
-        } else {
-            miette::Severity::Error
+        Some(match self.severity {
+            Severity::Error => miette::Severity::Error,
+            Severity::Warning => miette::Severity::Warning,
         })
     }
 

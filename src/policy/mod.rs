@@ -17,15 +17,19 @@ mod decide;
 mod diagnostic;
 mod load;
 pub mod plain;
+mod reload;
 pub mod schema;
 mod slice;
+mod watch;
 
 #[cfg(test)]
 mod cedar_conformance_tests;
 
 pub use decide::{DecideError, PolicyDecision, ToolCall};
-pub use diagnostic::{SourceDiagnostic, codes, line_column};
+pub use diagnostic::{Severity, SourceDiagnostic, codes, line_column};
 pub use load::{LoadErrors, PolicyLoadError};
+pub use reload::{PolicyReloader, PolicyStatus, ReloadFailure, ReloadMetrics, ReloadOutcome};
+pub use watch::{ReloadTriggers, start_reloads};
 
 use cedar_policy::{Entities, Schema};
 

@@ -1,36 +1,15 @@
 //! The command line: `check` diagnostics with file and line, `schema`, `authorize`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::support::example_policies;
+use crate::support::{copy_of_examples, example_policies};
 
 fn toolgate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_toolgate"))
         .args(args)
         .output()
         .unwrap()
-}
-
-/// A copy of the example policies, to break.
-pub fn copy_of_examples() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let dst = dir.path().join("policies");
-    copy_dir(&example_policies(), &dst);
-    (dir, dst)
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for entry in std::fs::read_dir(src).unwrap() {
-        let entry = entry.unwrap();
-        let to = dst.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &to);
-        } else {
-            std::fs::copy(entry.path(), to).unwrap();
-        }
-    }
 }
 
 fn check(dir: &Path) -> (i32, String) {

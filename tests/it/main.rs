@@ -13,5 +13,6 @@ mod approvals;
 mod authorize;
 mod cli;
 mod python;
+mod reload;
 mod restart;
 mod support;

@@ -4,17 +4,14 @@
 //! development commands (`toolgate dev keys`, `toolgate dev token`), so this
 //! is also the README's development flow, end to end.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use toolgate::grpc::pb::approval_service_client::ApprovalServiceClient;
 use toolgate::grpc::pb::authorization_service_client::AuthorizationServiceClient;
 use toolgate::grpc::pb::{self, Decision};
 
-use crate::support::{code, example_policies, request};
+use crate::support::{Sidecar, code, example_policies, request};
 
 const BIG_REFUND: &str =
     r#"{"order_id":"ord_1001","amount_cents":25000,"currency":"USD","reason":"damaged"}"#;
@@ -25,75 +22,22 @@ fn toolgate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_toolgate"))
 }
 
-/// A running `toolgate serve`; killed (SIGKILL) when dropped.
-struct Sidecar {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Sidecar {
-    /// Starts the binary on `127.0.0.1:0` and reads the bound address from
-    /// its JSON log line `toolgate serving` (bounded: 60 s, then fail).
-    fn start(dir: &Path) -> Self {
-        let mut child = toolgate()
-            .arg("serve")
-            .arg("--policies")
-            .arg(example_policies())
-            .args(["--listen", "127.0.0.1:0"])
-            .arg("--store")
-            .arg(format!("sqlite://{}", dir.join("toolgate.db").display()))
-            .arg("--jwks-file")
-            .arg(dir.join("dev-jwks.json"))
-            .args(["--issuer", ISSUER, "--audience", AUDIENCE])
-            .current_dir(dir)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        // Reads the log to its end, so the child never blocks on a full pipe.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let listen = serde_json::from_str::<serde_json::Value>(&line)
-                    .ok()
-                    .and_then(|v| v["fields"]["listen"].as_str().map(str::to_owned));
-                if let Some(listen) = listen {
-                    let _ = tx.send(listen);
-                }
-            }
-        });
-        let listen = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("toolgate serve logged its listen address");
-        Self {
-            child,
-            addr: listen.parse().unwrap(),
-        }
-    }
-
-    async fn channel(&self) -> tonic::transport::Channel {
-        tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .unwrap()
-    }
-
-    /// SIGKILL: no shutdown hook, no flush, no goodbye.
-    fn kill(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts the binary on `127.0.0.1:0` on the example policies, the SQLite
+/// file and the development key set in `dir`.
+fn start(dir: &Path) -> Sidecar {
+    let mut command = toolgate();
+    command
+        .arg("serve")
+        .arg("--policies")
+        .arg(example_policies())
+        .args(["--listen", "127.0.0.1:0"])
+        .arg("--store")
+        .arg(format!("sqlite://{}", dir.join("toolgate.db").display()))
+        .arg("--jwks-file")
+        .arg(dir.join("dev-jwks.json"))
+        .args(["--issuer", ISSUER, "--audience", AUDIENCE])
+        .current_dir(dir);
+    Sidecar::spawn(command)
 }
 
 fn dev_token(dir: &Path, subject: &str, role: &str) -> String {
@@ -156,7 +100,7 @@ async fn an_approval_survives_kill_9_at_every_step() {
     let approver = dev_token(dir.path(), "dana", "support_admin");
 
     // 1. The call needs approval; the sidecar dies right after saying so.
-    let sidecar = Sidecar::start(dir.path());
+    let sidecar = start(dir.path());
     let first = authorize(&sidecar, "refund-1", "").await;
     assert_eq!(first.decision(), Decision::ApprovalRequired);
     let approval_id = first.approval.as_ref().unwrap().approval_id.clone();
@@ -164,7 +108,7 @@ async fn an_approval_survives_kill_9_at_every_step() {
 
     // 2. After a restart the approval is still pending; a human approves it,
     //    and the sidecar dies right after answering.
-    let sidecar = Sidecar::start(dir.path());
+    let sidecar = start(dir.path());
     let shown = get(&sidecar, &approver, &approval_id).await;
     assert_eq!(shown.status(), pb::ApprovalStatus::Pending);
     assert_eq!(shown.arguments_sha256, first.arguments_sha256);
@@ -185,7 +129,7 @@ async fn an_approval_survives_kill_9_at_every_step() {
 
     // 3. The decision survived: the retry is allowed and consumes the
     //    approval; the sidecar dies right after.
-    let sidecar = Sidecar::start(dir.path());
+    let sidecar = start(dir.path());
     let approved = get(&sidecar, &approver, &approval_id).await;
     assert_eq!(approved.status(), pb::ApprovalStatus::Approved);
     assert_eq!(approved.decided_by, "dana");
@@ -196,7 +140,7 @@ async fn an_approval_survives_kill_9_at_every_step() {
 
     // 4. The consumption survived: the same operation may use it again,
     //    another operation may not.
-    let sidecar = Sidecar::start(dir.path());
+    let sidecar = start(dir.path());
     let again = authorize(&sidecar, "refund-1", &approval_id).await;
     assert_eq!(again.decision(), Decision::Allow, "{:?}", again.error);
     assert_eq!(again.idempotency_key, allowed.idempotency_key);

@@ -1,11 +1,12 @@
 //! `TestServer`: the real sidecar on `127.0.0.1:0`, stopped through a oneshot.
 
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
@@ -13,12 +14,33 @@ use toolgate::authorizer::{AuthorizerConfig, ToolCallAuthorizer};
 use toolgate::clock::SystemClock;
 use toolgate::grpc::pb;
 use toolgate::grpc::pb::authorization_service_client::AuthorizationServiceClient;
-use toolgate::policy::PolicyEngine;
+use toolgate::policy::{PolicyReloader, ReloadTriggers};
 use toolgate::store::SqliteStore;
 
 /// The example deployment shipped in `policies/`.
 pub fn example_policies() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies")
+}
+
+/// A copy of the example policies in a temporary folder, to edit or break.
+pub fn copy_of_examples() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("policies");
+    copy_dir(&example_policies(), &dst);
+    (dir, dst)
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let to = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to);
+        } else {
+            std::fs::copy(entry.path(), to).unwrap();
+        }
+    }
 }
 
 /// A fixture folder under `tests/it/fixtures/`.
@@ -32,6 +54,8 @@ pub struct TestServer {
     pub addr: SocketAddr,
     /// The server's SQLite file, for tests that inspect or reopen it.
     pub db_path: PathBuf,
+    /// The server's live policy set and its reloads.
+    pub policies: Arc<PolicyReloader>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -43,7 +67,30 @@ impl TestServer {
     }
 
     pub async fn start_with(policies: &Path, config: AuthorizerConfig) -> Self {
-        Self::start_full(policies, config, Arc::new(SystemClock)).await
+        Self::start_full(
+            policies,
+            config,
+            Arc::new(SystemClock),
+            ReloadTriggers::NONE,
+        )
+        .await
+    }
+
+    /// A server on `policies` that watches the folder and reloads it after
+    /// changes have been quiet for 50 ms (no SIGHUP: that would be the
+    /// whole test process's).
+    pub async fn start_reloading(policies: &Path) -> Self {
+        let triggers = ReloadTriggers {
+            watch: Some(Duration::from_millis(50)),
+            sighup: false,
+        };
+        Self::start_full(
+            policies,
+            AuthorizerConfig::default(),
+            Arc::new(SystemClock),
+            triggers,
+        )
+        .await
     }
 
     /// A server on an injected clock, for expiry without sleeps.
@@ -52,6 +99,7 @@ impl TestServer {
             &example_policies(),
             AuthorizerConfig::default(),
             Arc::new(clock),
+            ReloadTriggers::NONE,
         )
         .await
     }
@@ -60,12 +108,15 @@ impl TestServer {
         policies: &Path,
         config: AuthorizerConfig,
         clock: Arc<dyn toolgate::clock::Clock>,
+        reload: ReloadTriggers,
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db_path = dir.path().join("toolgate.db");
-        let engine = PolicyEngine::load(policies).unwrap_or_else(|e| panic!("{e:?}"));
+        let reloader = Arc::new(
+            PolicyReloader::load(policies, Arc::clone(&clock)).unwrap_or_else(|e| panic!("{e:?}")),
+        );
         let store: Arc<dyn toolgate::store::Store> = Arc::new(SqliteStore::open(&db_path).unwrap());
-        let engine = Arc::new(ArcSwap::from_pointee(engine));
+        let engine = reloader.live();
         let events = Arc::new(toolgate::approvals::ApprovalEvents::default());
         let authorizer = Arc::new(
             ToolCallAuthorizer::new(
@@ -87,6 +138,8 @@ impl TestServer {
             authorizer,
             desk,
             expiry_interval: Duration::from_millis(200),
+            policies: Arc::clone(&reloader),
+            reload,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -101,6 +154,7 @@ impl TestServer {
         Self {
             addr,
             db_path,
+            policies: reloader,
             stop: Some(stop),
             task: Some(task),
             _dir: dir,
@@ -137,6 +191,78 @@ impl Drop for TestServer {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// A running `toolgate serve` process; killed (SIGKILL) when dropped.
+pub struct Sidecar {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Sidecar {
+    /// Spawns `command` (a `toolgate serve` listening on `127.0.0.1:0`) and
+    /// reads the bound address from its JSON log line `toolgate serving`
+    /// (bounded: 60 s, then fail).
+    pub fn spawn(mut command: Command) -> Self {
+        let mut child = command
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Reads the log to its end, so the child never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let listen = serde_json::from_str::<serde_json::Value>(&line)
+                    .ok()
+                    .and_then(|v| v["fields"]["listen"].as_str().map(str::to_owned));
+                if let Some(listen) = listen {
+                    let _ = tx.send(listen);
+                }
+            }
+        });
+        let listen = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("toolgate serve logged its listen address");
+        Self {
+            child,
+            addr: listen.parse().unwrap(),
+        }
+    }
+
+    /// The process id, for signals.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    pub async fn channel(&self) -> Channel {
+        tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    /// SIGKILL: no shutdown hook, no flush, no goodbye.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
