@@ -28,6 +28,7 @@ pub mod envelope;
 pub mod grpc;
 pub mod identity;
 pub mod policy;
+pub mod policy_cases;
 pub mod store;
 pub mod telemetry;
 pub mod tools;

@@ -41,6 +41,18 @@ enum Command {
         #[arg(long)]
         deny_warnings: bool,
     },
+    /// Run the policy test cases (`DIR/tests/*.json`) through the decision
+    /// pipeline; list each failing case with a diff, end with `N passed, M
+    /// failed`, and exit 1 on any failure or invalid case file.
+    Test {
+        /// The policy folder (overrides `--policies`).
+        dir: Option<PathBuf>,
+        #[arg(long, env = "TOOLGATE_POLICIES", default_value = "policies")]
+        policies: PathBuf,
+        /// Also fail unless every policy determined at least one passing case.
+        #[arg(long)]
+        require_coverage: bool,
+    },
     /// Print the combined Cedar schema.
     Schema {
         #[arg(long, env = "TOOLGATE_POLICIES", default_value = "policies")]
@@ -171,6 +183,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", engine.schema_text());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Test {
+            dir,
+            policies,
+            require_coverage,
+        } => policy_test(&dir.unwrap_or(policies), require_coverage),
         Command::Serve(args) => serve(args),
         Command::Authorize(args) => authorize(args),
         Command::Dev(DevCommand::Keys { out }) => dev_keys(&out),
@@ -314,6 +331,26 @@ fn load_or_report(policies: &std::path::Path) -> anyhow::Result<PolicyEngine> {
         report(&errors);
         anyhow::anyhow!("the policy set in `{}` is invalid", policies.display())
     })
+}
+
+fn policy_test(dir: &std::path::Path, require_coverage: bool) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    match runtime.block_on(toolgate::policy_cases::run(dir)) {
+        Ok(outcome) => {
+            print!("{}", outcome.render());
+            Ok(if outcome.success(require_coverage) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Err(errors) => {
+            report(&errors);
+            Ok(ExitCode::FAILURE)
+        }
+    }
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {

@@ -90,6 +90,19 @@ impl PolicyEngine {
         self.policies.full().policies().count()
     }
 
+    /// Every policy id (its `@id`, else `<file>#<index>`), sorted.
+    #[must_use]
+    pub fn policy_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .policies
+            .full()
+            .policies()
+            .map(|p| p.id().to_string())
+            .collect();
+        ids.sort();
+        ids
+    }
+
     /// The most policies any one action evaluates (its slice).
     #[must_use]
     pub fn largest_slice(&self) -> usize {
