@@ -182,15 +182,26 @@ impl PolicyEngine {
             extra.push(tenant_entity);
         }
         if let Some(json) = supplied_json {
-            let supplied = Entities::from_json_value(json.clone(), Some(&self.schema))
-                .map_err(|e| DecideError::Entities(e.to_string()))?;
-            // The principal comes from the auth context alone (DESIGN §1).
-            if supplied.get(principal).is_some() {
-                return Err(DecideError::Entities(format!(
-                    "entities must not define the principal `{principal}`"
-                )));
+            let Value::Array(items) = json else {
+                return Err(DecideError::Entities(
+                    "must be a JSON array of Cedar entities".into(),
+                ));
+            };
+            // One entity at a time, each checked against the schema (an
+            // action only as the schema declares it). `Entities::from_json_value`
+            // would also materialise every action of the schema on every
+            // call: thousands of entities for a deployment of thousands of tools.
+            for item in items {
+                let entity = Entity::from_json_value(item.clone(), Some(&self.schema))
+                    .map_err(|e| DecideError::Entities(e.to_string()))?;
+                // The principal comes from the auth context alone (DESIGN §1).
+                if entity.uid() == *principal {
+                    return Err(DecideError::Entities(format!(
+                        "entities must not define the principal `{principal}`"
+                    )));
+                }
+                extra.push(entity);
             }
-            extra.extend(supplied.iter().cloned());
         }
         self.static_entities
             .clone()

@@ -282,29 +282,44 @@ impl PolicyEngine {
         }
 
         // Strict validation against the combined schema.
-        let result = Validator::new(schema.clone()).validate(&policies, ValidationMode::Strict);
+        let results = validate_strict(&schema, &policies).map_err(|e| {
+            LoadErrors::one(
+                dir,
+                SourceDiagnostic::whole_file(dir, e).with_code(codes::VALIDATION),
+            )
+        })?;
         let locate = |id: &PolicyId| origin.get(&id.to_string()).and_then(|i| sources.get(*i));
-        for e in result.validation_errors() {
-            if let Some(src) = locate(e.policy_id()) {
-                errors.push(
-                    SourceDiagnostic::from_diagnostic(&src.path, &src.text, e, codes::VALIDATION)
-                        .into(),
-                );
-            }
-        }
-        for w in result.validation_warnings() {
-            if let Some(src) = locate(w.policy_id()) {
-                warnings.push(
-                    SourceDiagnostic::from_diagnostic(
+        let mut invalid = Vec::new();
+        for result in &results {
+            for e in result.validation_errors() {
+                if let Some(src) = locate(e.policy_id()) {
+                    invalid.push(SourceDiagnostic::from_diagnostic(
                         &src.path,
                         &src.text,
-                        w,
-                        codes::VALIDATION_WARNING,
-                    )
-                    .warning(),
-                );
+                        e,
+                        codes::VALIDATION,
+                    ));
+                }
+            }
+            for w in result.validation_warnings() {
+                if let Some(src) = locate(w.policy_id()) {
+                    warnings.push(
+                        SourceDiagnostic::from_diagnostic(
+                            &src.path,
+                            &src.text,
+                            w,
+                            codes::VALIDATION_WARNING,
+                        )
+                        .warning(),
+                    );
+                }
             }
         }
+        // In file order, whatever order the validator found them in.
+        let by_place = |d: &SourceDiagnostic| (d.path.clone(), d.line, d.column);
+        invalid.sort_by_key(by_place);
+        warnings.sort_by_key(by_place);
+        errors.extend(invalid.into_iter().map(PolicyLoadError::from));
         if !errors.is_empty() {
             return Err(LoadErrors {
                 dir: dir.to_path_buf(),
@@ -387,6 +402,40 @@ impl PolicyEngine {
             warnings,
         })
     }
+}
+
+/// Validates every policy in strict mode, the set split over the available
+/// cores: Cedar's validator is single-threaded and its cost grows with
+/// policies × actions, while each static policy validates on its own.
+fn validate_strict(
+    schema: &Schema,
+    policies: &PolicySet,
+) -> Result<Vec<cedar_policy::ValidationResult>, String> {
+    let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let all: Vec<&cedar_policy::Policy> = policies.policies().collect();
+    let chunk = all.len().div_ceil(workers.clamp(1, 16)).max(1);
+    let sets = all
+        .chunks(chunk)
+        .map(|c| PolicySet::from_policies(c.iter().map(|p| (*p).clone())))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    std::thread::scope(|scope| {
+        let running: Vec<_> = sets
+            .iter()
+            .map(|set| {
+                scope.spawn(move || {
+                    Validator::new(schema.clone()).validate(set, ValidationMode::Strict)
+                })
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .map_err(|_| "the policy validator failed unexpectedly".to_owned())
+            })
+            .collect()
+    })
 }
 
 /// Parses a schema fragment; its warnings (e.g. a type shadowing a Cedar
