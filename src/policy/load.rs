@@ -416,9 +416,10 @@ fn validate_strict(
     let chunk = all.len().div_ceil(workers.clamp(1, 16)).max(1);
     let sets = all
         .chunks(chunk)
-        .map(|c| PolicySet::from_policies(c.iter().map(|p| (*p).clone())))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+        .map(|c| {
+            PolicySet::from_policies(c.iter().map(|p| (*p).clone())).map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     std::thread::scope(|scope| {
         let running: Vec<_> = sets
             .iter()
