@@ -8,6 +8,11 @@
 //! Run: `cargo bench --bench policy_scale` (optionally `-- <sizes…>`, e.g.
 //! `-- 10000` for a memory figure of that size alone).
 
+#![expect(
+    clippy::indexing_slicing,
+    reason = "benchmark code: every index is taken modulo the slice's length"
+)]
+
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
@@ -110,7 +115,7 @@ fn generate(dir: &Path, policies: usize) -> BenchResult<()> {
     for k in 0..policies.saturating_sub(BASE) {
         let tool = tool_name(k % TOOLS);
         let nth = k / TOOLS;
-        let policy = if nth % 2 == 0 {
+        let policy = if nth.is_multiple_of(2) {
             format!(
                 "permit (principal == User::\"user_{nth}\", action == Action::\"{tool}\", resource is Order)\nwhen {{ context.scopes.contains(\"{tool}:{nth}\") && context.input.amount < {} }};",
                 1000 + nth
