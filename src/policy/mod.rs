@@ -1,17 +1,25 @@
-//! Cedar: schema generation, policy loading and validation, evaluation
-//! (DESIGN §3.2, §3.3).
+//! Cedar: schema generation, policy loading and validation, slicing,
+//! evaluation and reload (DESIGN §3.2, §3.3, §9).
 //!
 //! This is the only module that imports `cedar_policy`. It turns a
 //! `policies/` folder into a [`PolicyEngine`] — a validated, immutable unit
-//! of schema, policies, tool contracts and static entities — and answers
-//! Cedar questions about one tool call. It knows nothing of gRPC, storage or
-//! approvals beyond the boolean "a valid approval was presented".
+//! of schema, policies (sliced per action), tool contracts and static
+//! entities — answers Cedar questions about one tool call, and replaces the
+//! live engine when the folder changes ([`PolicyReloader`],
+//! [`start_reloads`]). [`plain`] evaluates bare Cedar requests through the
+//! same evaluation function, for Cedar's own integration tests. It knows
+//! nothing of gRPC, storage or approvals beyond the boolean "a valid
+//! approval was presented".
 //!
 //! Invariants:
 //! - An engine exists only if every policy validated in strict mode against
-//!   the combined schema; a broken set never goes live.
+//!   the combined schema; a broken set never goes live, and a failed reload
+//!   keeps the last good one.
 //! - Evaluation fails closed: any policy evaluation error is
 //!   [`PolicyDecision::Errored`], never an allow.
+//! - A decision evaluates its action's slice, which holds every policy whose
+//!   action scope can match (see the `INVARIANT` in `slice.rs`): slicing
+//!   never changes a decision, its determining policies or its errors.
 
 mod decide;
 mod diagnostic;
