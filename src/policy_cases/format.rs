@@ -8,6 +8,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::authorizer::Decision;
 use crate::identity::Caller;
 use crate::policy::SourceDiagnostic;
 use crate::tools::source::{Position, first_duplicate_key, locate};
@@ -89,33 +90,13 @@ enum RawVerdict {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawExpect {
-    decision: ExpectedDecision,
+    /// `allow`, `deny` or `approval_required`.
+    decision: String,
     #[serde(default)]
     code: Option<String>,
     policies: Vec<String>,
     #[serde(default)]
     message: Option<String>,
-}
-
-/// The three answers a case can expect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ExpectedDecision {
-    Allow,
-    Deny,
-    ApprovalRequired,
-}
-
-impl ExpectedDecision {
-    /// The decision's name as written in case files.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Allow => "allow",
-            Self::Deny => "deny",
-            Self::ApprovalRequired => "approval_required",
-        }
-    }
 }
 
 /// One validated case file.
@@ -172,7 +153,7 @@ pub struct DecideApprovalCase {
 /// envelope); `message` only when the case gives one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Expectation {
-    pub decision: ExpectedDecision,
+    pub decision: Decision,
     pub code: Option<String>,
     pub policies: Vec<String>,
     pub message: Option<String>,
@@ -312,13 +293,23 @@ fn validate(
         mut policies,
         message,
     } = expect;
+    let decision = match decision.as_str() {
+        "allow" => Decision::Allow,
+        "deny" => Decision::Deny,
+        "approval_required" => Decision::ApprovalRequired,
+        other => {
+            return Err(format!(
+                "unknown decision `{other}`, expected `allow`, `deny` or `approval_required`"
+            ));
+        }
+    };
     let code = match (decision, code) {
-        (ExpectedDecision::Allow, None) => None,
-        (ExpectedDecision::Allow, Some(_)) => {
+        (Decision::Allow, None) => None,
+        (Decision::Allow, Some(_)) => {
             return Err("an `allow` has no `code`".into());
         }
-        (ExpectedDecision::ApprovalRequired, None) => Some("approval_required".to_owned()),
-        (ExpectedDecision::Deny, None) => {
+        (Decision::ApprovalRequired, None) => Some("approval_required".to_owned()),
+        (Decision::Deny, None) => {
             return Err("a `deny` must name its `code` (e.g. `forbidden`)".into());
         }
         (_, Some(code)) => Some(code),
@@ -403,7 +394,7 @@ mod tests {
         assert_eq!(
             case.expect,
             Expectation {
-                decision: ExpectedDecision::ApprovalRequired,
+                decision: Decision::ApprovalRequired,
                 code: Some("approval_required".into()),
                 policies: vec!["a".into(), "z".into()],
                 message: None,

@@ -24,9 +24,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use self::format::{
-    CallCase, CaseFile, DecideApprovalCase, Expectation, ExpectedDecision, Question,
-};
+use self::format::{CallCase, CaseFile, DecideApprovalCase, Expectation, Question};
 use crate::approval_desk::approver_refusal;
 use crate::approvals::{self, ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::authorizer::{AuthorizeInput, AuthorizerConfig, Decision, ToolCallAuthorizer};
@@ -340,13 +338,7 @@ fn actual(
 ) -> Actual {
     match outcome {
         Ok(o) => Actual {
-            decision: match o.decision {
-                Decision::Allow => ExpectedDecision::Allow,
-                Decision::Deny => ExpectedDecision::Deny,
-                Decision::ApprovalRequired => ExpectedDecision::ApprovalRequired,
-            }
-            .as_str()
-            .to_owned(),
+            decision: o.decision.as_str().to_owned(),
             code: o.error.as_ref().map(|e| e.code.as_str().to_owned()),
             policies: sorted(o.policies),
             message: o.error.map(|e| e.message),
@@ -408,13 +400,13 @@ fn decide_approval(engine: &PolicyEngine, d: &DecideApprovalCase) -> Actual {
     // The desk's own mapping of the answer, so a case sees what an approver would.
     match approver_refusal(&decision) {
         None => Actual {
-            decision: "allow".into(),
+            decision: Decision::Allow.as_str().into(),
             code: None,
             policies,
             message: None,
         },
         Some(envelope) => Actual {
-            decision: "deny".into(),
+            decision: Decision::Deny.as_str().into(),
             code: Some(envelope.code.as_str().to_owned()),
             policies,
             message: Some(envelope.message),
