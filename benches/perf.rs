@@ -619,8 +619,18 @@ fn report(o: &Options, p: InProcess, grpc: Vec<GrpcRow>, memory: Memory) -> Valu
             targets.push(target("grpc_c1_p50_minus_echo_us", p50_delta, 30.0, true));
         } else {
             let c = r.concurrency;
-            targets.push(target(&format!("grpc_c{c}_rps_vs_echo"), rps_ratio, 0.7, false));
-            targets.push(target(&format!("grpc_c{c}_p99_vs_echo"), p99_ratio, 2.0, true));
+            targets.push(target(
+                &format!("grpc_c{c}_rps_vs_echo"),
+                rps_ratio,
+                0.7,
+                false,
+            ));
+            targets.push(target(
+                &format!("grpc_c{c}_p99_vs_echo"),
+                p99_ratio,
+                2.0,
+                true,
+            ));
         }
         rows.push(json!({
             "concurrency": r.concurrency,
@@ -651,13 +661,19 @@ fn report(o: &Options, p: InProcess, grpc: Vec<GrpcRow>, memory: Memory) -> Valu
 }
 
 fn print_table(r: &Value) {
-    let f = |v: &Value| v.as_f64().map_or_else(|| "-".to_owned(), |x| format!("{x:.1}"));
+    let f = |v: &Value| {
+        v.as_f64()
+            .map_or_else(|| "-".to_owned(), |x| format!("{x:.1}"))
+    };
     let ip = &r["in_process"];
     println!(
         "in process ({} policies)        p50 µs    p99 µs",
         ip["policies"]
     );
-    for (name, side) in [("raw Cedar is_authorized", "raw_cedar"), ("toolgate decision", "toolgate")] {
+    for (name, side) in [
+        ("raw Cedar is_authorized", "raw_cedar"),
+        ("toolgate decision", "toolgate"),
+    ] {
         println!(
             "  {name:<28} {:>8} {:>9}",
             f(&ip[side]["p50_us"]),

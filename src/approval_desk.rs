@@ -14,7 +14,7 @@ use crate::approvals::{ApprovalEventKind, ApprovalEvents, ApprovalRecord, Approv
 use crate::clock::{Clock, UnixMillis};
 use crate::envelope::{Envelope, ErrorCode};
 use crate::identity::Caller;
-use crate::policy::{PolicyDecision, PolicyEngine};
+use crate::policy::{DecideError, PolicyDecision, PolicyEngine};
 use crate::store::{ApprovalDecision, DecideOutcome, Store, StoreError};
 
 /// Turns an identity token into the caller it names, or the reason it
@@ -179,26 +179,9 @@ impl ApprovalDesk {
         // learns nothing about the approval's arguments or state.
         let engine = self.engine.load_full();
         let verdict = if approve { "approve" } else { "reject" };
-        match engine.decide_approval(&approver, &record, verdict) {
-            Ok(PolicyDecision::Allow { .. }) => {}
-            Ok(PolicyDecision::Deny { reason, .. }) => {
-                let message = reason
-                    .unwrap_or_else(|| "this approver may not decide this approval".to_owned());
-                return Err(DeskError(Envelope::new(ErrorCode::Forbidden, message)));
-            }
-            Ok(PolicyDecision::Errored { policies }) => {
-                tracing::warn!(policies = ?policies, "decide_approval policy error: refused (fail closed)");
-                return Err(DeskError(Envelope::new(
-                    ErrorCode::PolicyError,
-                    "a policy could not be evaluated",
-                )));
-            }
-            Ok(PolicyDecision::ApprovalRequired { .. }) | Err(_) => {
-                return Err(DeskError(Envelope::new(
-                    ErrorCode::InternalError,
-                    "the decision could not be evaluated",
-                )));
-            }
+        let decision = engine.decide_approval(&approver, &record, verdict);
+        if let Some(refusal) = approver_refusal(&decision) {
+            return Err(DeskError(refusal));
         }
         if record.arguments_sha256 != arguments_sha256 {
             return Err(DeskError(
@@ -264,6 +247,33 @@ impl ApprovalDesk {
             self.events.publish(ApprovalEventKind::Expired, r, None);
         }
         Ok(expired.len())
+    }
+}
+
+/// Why Cedar's answer to `decide_approval` refuses the approver, or `None`
+/// when it permits them. Fails closed: an evaluation error or an
+/// unevaluable request refuses.
+#[must_use]
+pub fn approver_refusal(decision: &Result<PolicyDecision, DecideError>) -> Option<Envelope> {
+    match decision {
+        Ok(PolicyDecision::Allow { .. }) => None,
+        Ok(PolicyDecision::Deny { reason, .. }) => {
+            let message = reason
+                .clone()
+                .unwrap_or_else(|| "this approver may not decide this approval".to_owned());
+            Some(Envelope::new(ErrorCode::Forbidden, message))
+        }
+        Ok(PolicyDecision::Errored { policies }) => {
+            tracing::warn!(policies = ?policies, "decide_approval policy error: refused (fail closed)");
+            Some(Envelope::new(
+                ErrorCode::PolicyError,
+                "a policy could not be evaluated",
+            ))
+        }
+        Ok(PolicyDecision::ApprovalRequired { .. }) | Err(_) => Some(Envelope::new(
+            ErrorCode::InternalError,
+            "the decision could not be evaluated",
+        )),
     }
 }
 

@@ -13,6 +13,12 @@ use crate::authorizer::AuthorizerConfig;
 use crate::decode::Limits;
 use crate::identity::{ClaimNames, VerifierConfig};
 use crate::ledger::LedgerConfig;
+use crate::policy::ReloadTriggers;
+
+/// How long changes to the policy folder must be quiet before a reload.
+pub const DEFAULT_RELOAD_DEBOUNCE: Duration = Duration::from_millis(250);
+/// The longest debounce accepted: decisions should follow an edit within seconds.
+pub const MAX_RELOAD_DEBOUNCE_MS: u64 = 10_000;
 
 /// The largest clock-skew leeway accepted for identity tokens. A leeway is
 /// for clocks that drift by seconds; minutes would quietly extend every
@@ -60,6 +66,8 @@ struct RawConfig {
     identity: RawIdentity,
     #[serde(default)]
     ledger: RawLedger,
+    #[serde(default)]
+    reload: RawReload,
 }
 
 /// `[ledger]`: the execution ledger's budget, leases and retention.
@@ -72,6 +80,15 @@ struct RawLedger {
     retention_seconds: Option<u64>,
     collect_interval_seconds: Option<u64>,
     collect_batch: Option<usize>,
+}
+
+/// `[reload]`: how the policy folder is reloaded while serving.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReload {
+    watch: Option<bool>,
+    debounce_ms: Option<u64>,
+    sighup: Option<bool>,
 }
 
 /// `[identity]`: how approver tokens are read.
@@ -139,6 +156,9 @@ pub struct Config {
     pub verifier: VerifierConfig,
     pub authorizer: AuthorizerConfig,
     pub ledger: LedgerConfig,
+    /// What reloads the policy folder while serving (default: a watch with
+    /// a 250 ms debounce, and SIGHUP).
+    pub reload: ReloadTriggers,
 }
 
 impl Config {
@@ -224,6 +244,7 @@ impl Config {
             )?,
             authorizer,
             ledger: ledger_config(&raw.ledger)?,
+            reload: reload_triggers(&raw.reload)?,
         })
     }
 }
@@ -278,6 +299,23 @@ fn ledger_config(raw: &RawLedger) -> Result<LedgerConfig, ConfigError> {
         });
     }
     Ok(config)
+}
+
+fn reload_triggers(raw: &RawReload) -> Result<ReloadTriggers, ConfigError> {
+    let debounce = match raw.debounce_ms {
+        None => DEFAULT_RELOAD_DEBOUNCE,
+        Some(ms) if (1..=MAX_RELOAD_DEBOUNCE_MS).contains(&ms) => Duration::from_millis(ms),
+        Some(ms) => {
+            return Err(ConfigError::Invalid {
+                key: "reload.debounce_ms",
+                reason: format!("{ms} is not between 1 and {MAX_RELOAD_DEBOUNCE_MS}"),
+            });
+        }
+    };
+    Ok(ReloadTriggers {
+        watch: raw.watch.unwrap_or(true).then_some(debounce),
+        sighup: raw.sighup.unwrap_or(true),
+    })
 }
 
 fn verifier_config(
@@ -344,6 +382,61 @@ mod tests {
         assert_eq!(c.listen, ListenAddr::Tcp("127.0.0.1:50051".into()));
         assert_eq!(c.store, "sqlite://toolgate-data/toolgate.db");
         assert_eq!(c.policies, PathBuf::from("policies"));
+        assert_eq!(
+            c.reload,
+            ReloadTriggers {
+                watch: Some(Duration::from_millis(250)),
+                sighup: true
+            }
+        );
+    }
+
+    #[test]
+    fn reload_triggers_are_configurable_and_bounded() {
+        let raw: RawConfig = toml::from_str(
+            "[reload]
+watch = false
+",
+        )
+        .unwrap();
+        let c = Config::from_raw(raw, Overrides::default()).unwrap();
+        assert_eq!(
+            c.reload,
+            ReloadTriggers {
+                watch: None,
+                sighup: true
+            }
+        );
+        let raw: RawConfig = toml::from_str(
+            "[reload]
+debounce_ms = 50
+sighup = false
+",
+        )
+        .unwrap();
+        let c = Config::from_raw(raw, Overrides::default()).unwrap();
+        assert_eq!(
+            c.reload,
+            ReloadTriggers {
+                watch: Some(Duration::from_millis(50)),
+                sighup: false
+            }
+        );
+        for bad in ["0", "10001"] {
+            let raw: RawConfig = toml::from_str(&format!(
+                "[reload]
+debounce_ms = {bad}
+"
+            ))
+            .unwrap();
+            assert!(matches!(
+                Config::from_raw(raw, Overrides::default()),
+                Err(ConfigError::Invalid {
+                    key: "reload.debounce_ms",
+                    ..
+                })
+            ));
+        }
     }
 
     #[test]

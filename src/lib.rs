@@ -6,14 +6,16 @@
 //!
 //! - [`decode`]: strict JSON decoding, limits, RFC 8785 canonical form, hashes.
 //! - [`tools`]: tool contracts, JSON Schema validation, input types for Cedar.
-//! - [`policy`]: the Cedar schema, policies, entities, evaluation (the only
-//!   importer of `cedar_policy`).
+//! - [`policy`]: the Cedar schema, policies, entities, slicing, evaluation
+//!   and reload (the only importer of `cedar_policy`).
 //! - [`approvals`]: what an approval is bound to and how it is shown.
 //! - [`ledger`]: the execution state machine (DESIGN §5), rules only;
 //!   [`ledger_desk`] checks executors' requests and runs it on the store.
 //! - [`authorizer`]: [`authorizer::ToolCallAuthorizer`], the one home of the
 //!   order of the checks.
 //! - [`envelope`]: the error codes and the envelope of every non-allow answer.
+//! - [`policy_cases`]: `toolgate test`, policy test cases run through the
+//!   authorizer.
 //! - [`store`]: persistence (SQLite; PostgreSQL later) behind one trait.
 //! - [`grpc`]: the wire surface (the only importer of tonic and prost).
 //! - [`config`], [`telemetry`], [`clock`], [`identity`]: the edges.
@@ -32,6 +34,7 @@ pub mod identity;
 pub mod ledger;
 pub mod ledger_desk;
 pub mod policy;
+pub mod policy_cases;
 pub mod store;
 pub mod telemetry;
 pub mod tools;

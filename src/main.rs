@@ -12,7 +12,7 @@ use toolgate::authorizer::{AuthorizeInput, ToolCallAuthorizer};
 use toolgate::clock::SystemClock;
 use toolgate::config::{Config, ListenAddr, Overrides};
 use toolgate::identity::Caller;
-use toolgate::policy::PolicyEngine;
+use toolgate::policy::{PolicyEngine, PolicyReloader};
 
 #[derive(Parser)]
 #[command(
@@ -33,6 +33,25 @@ enum Command {
     Check {
         #[arg(long, env = "TOOLGATE_POLICIES", default_value = "policies")]
         policies: PathBuf,
+        /// `human` (file:line:column: message, with the source) or `json`
+        /// (one object with every diagnostic, for CI pipelines).
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+        /// Fail (exit 1) on Cedar validator warnings too.
+        #[arg(long)]
+        deny_warnings: bool,
+    },
+    /// Run the policy test cases (`DIR/tests/*.json`) through the decision
+    /// pipeline; list each failing case with a diff, end with `N passed, M
+    /// failed`, and exit 1 on any failure or invalid case file.
+    Test {
+        /// The policy folder (overrides `--policies`).
+        dir: Option<PathBuf>,
+        #[arg(long, env = "TOOLGATE_POLICIES", default_value = "policies")]
+        policies: PathBuf,
+        /// Also fail unless every policy determined at least one passing case.
+        #[arg(long)]
+        require_coverage: bool,
     },
     /// Print the combined Cedar schema.
     Schema {
@@ -47,6 +66,12 @@ enum Command {
     /// provider's tokens against its published key set.
     #[command(subcommand)]
     Dev(DevCommand),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    Human,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -148,12 +173,21 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Check { policies } => Ok(check(&policies)),
+        Command::Check {
+            policies,
+            format,
+            deny_warnings,
+        } => Ok(check(&policies, format, deny_warnings)),
         Command::Schema { policies } => {
             let engine = load_or_report(&policies)?;
             print!("{}", engine.schema_text());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Test {
+            dir,
+            policies,
+            require_coverage,
+        } => policy_test(&dir.unwrap_or(policies), require_coverage),
         Command::Serve(args) => serve(args),
         Command::Authorize(args) => authorize(args),
         Command::Dev(DevCommand::Keys { out }) => dev_keys(&out),
@@ -211,25 +245,66 @@ fn dev_token(args: &DevTokenArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn check(policies: &std::path::Path) -> ExitCode {
-    match PolicyEngine::load(policies) {
-        Ok(engine) => {
+fn check(policies: &std::path::Path, format: Format, deny_warnings: bool) -> ExitCode {
+    let loaded = PolicyEngine::load(policies);
+    let failed = match &loaded {
+        Ok(engine) => deny_warnings && !engine.warnings().is_empty(),
+        Err(_) => true,
+    };
+    match (format, &loaded) {
+        (Format::Json, _) => {
+            let (engine, diagnostics) = match &loaded {
+                Ok(engine) => (Some(engine), engine.warnings().to_vec()),
+                Err(errors) => {
+                    let mut all = errors.diagnostics();
+                    all.extend(errors.warnings.iter().cloned());
+                    (None, all)
+                }
+            };
+            let count = |severity: &str| {
+                diagnostics
+                    .iter()
+                    .filter(|d| d.severity.as_str() == severity)
+                    .count()
+            };
+            let json = serde_json::json!({
+                "ok": !failed,
+                "policy_version": engine.map(PolicyEngine::version),
+                "tools": engine.map(|e| e.tools().len()),
+                "policies": engine.map(PolicyEngine::policy_count),
+                "errors": count("error"),
+                "warnings": count("warning"),
+                "diagnostics": diagnostics.iter().map(|d| serde_json::json!({
+                    "file": d.path.display().to_string(),
+                    "line": d.line,
+                    "column": d.column,
+                    "severity": d.severity.as_str(),
+                    "code": d.code,
+                    "message": d.message,
+                    "help": d.help,
+                })).collect::<Vec<_>>(),
+            });
+            println!("{json:#}");
+        }
+        (Format::Human, Ok(engine)) => {
             for w in engine.warnings() {
-                println!("{w}");
+                println!("warning: {w}");
             }
             println!(
-                "ok: {} tools, {} policies, {} warning(s), policy_version {}",
+                "{}: {} tools, {} policies, {} warning(s), policy_version {}",
+                if failed { "failed" } else { "ok" },
                 engine.tools().len(),
                 engine.policy_count(),
                 engine.warnings().len(),
                 engine.version()
             );
-            ExitCode::SUCCESS
         }
-        Err(errors) => {
-            report(&errors);
-            ExitCode::FAILURE
-        }
+        (Format::Human, Err(errors)) => report(errors),
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
 
@@ -238,6 +313,9 @@ fn check(policies: &std::path::Path) -> ExitCode {
 fn report(errors: &toolgate::policy::LoadErrors) {
     for e in &errors.errors {
         eprintln!("error: {e}");
+    }
+    for w in &errors.warnings {
+        eprintln!("warning: {w}");
     }
     let handler = miette::GraphicalReportHandler::new();
     for e in &errors.errors {
@@ -255,6 +333,26 @@ fn load_or_report(policies: &std::path::Path) -> anyhow::Result<PolicyEngine> {
     })
 }
 
+fn policy_test(dir: &std::path::Path, require_coverage: bool) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    match runtime.block_on(toolgate::policy_cases::run(dir)) {
+        Ok(outcome) => {
+            print!("{}", outcome.render());
+            Ok(if outcome.success(require_coverage) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Err(errors) => {
+            report(&errors);
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     toolgate::telemetry::init();
     let overrides = Overrides {
@@ -266,7 +364,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         audience: args.audience,
     };
     let config = Config::load(args.config.as_deref(), overrides)?;
-    let engine = load_or_report(&config.policies)?;
+    let clock: Arc<dyn toolgate::clock::Clock> = Arc::new(SystemClock);
+    let policies = Arc::new(
+        PolicyReloader::load(&config.policies, Arc::clone(&clock)).map_err(|errors| {
+            report(&errors);
+            anyhow::anyhow!(
+                "the policy set in `{}` is invalid",
+                config.policies.display()
+            )
+        })?,
+    );
     let store = toolgate::store::open(&config.store).context("opening the store")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -278,11 +385,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
+        let engine = policies.live();
         tracing::info!(
             listen = %listener.local_addr()?,
             policies = %config.policies.display(),
-            policy_version = engine.version(),
-            tools = engine.tools().len(),
+            policy_version = engine.load().version(),
+            tools = engine.load().tools().len(),
             "toolgate serving"
         );
         let verifier: Option<Arc<dyn toolgate::approval_desk::IdentityVerifier>> = match &config
@@ -299,8 +407,6 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 None
             }
         };
-        let engine = Arc::new(ArcSwap::from_pointee(engine));
-        let clock: Arc<dyn toolgate::clock::Clock> = Arc::new(SystemClock);
         let events = Arc::new(toolgate::approvals::ApprovalEvents::default());
         let authorizer = Arc::new(
             ToolCallAuthorizer::new(
@@ -327,6 +433,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             desk,
             expiry_interval: std::time::Duration::from_secs(1),
             ledger,
+            policies,
+            reload: config.reload,
         };
         toolgate::grpc::serve(listener, services, shutdown_signal()).await?;
         tracing::info!("toolgate stopped");

@@ -9,17 +9,19 @@ mod approval;
 mod authorization;
 mod convert;
 mod ledger;
+mod policy;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
 
 use crate::approval_desk::ApprovalDesk;
 use crate::authorizer::ToolCallAuthorizer;
 use crate::ledger_desk::LedgerDesk;
+use crate::policy::{PolicyReloader, ReloadTriggers};
 
 /// The generated wire types, private to the crate except through `pb`.
 #[allow(
@@ -56,13 +58,18 @@ pub struct Services {
     /// The execution ledger; its records past retention are collected
     /// every `collect_interval` of its configuration.
     pub ledger: Arc<LedgerDesk>,
+    /// The live policy set the authorizer and the desk decide on.
+    pub policies: Arc<PolicyReloader>,
+    /// What reloads it while the server runs.
+    pub reload: ReloadTriggers,
 }
 
 /// Serves every toolgate service, health and reflection on `listener` until
 /// `shutdown` resolves. Used by `main` and by the tests alike.
 ///
 /// Health reports NOT_SERVING until the services are wired to a loaded
-/// policy set, SERVING after.
+/// policy set, SERVING after. The policy reloader runs for as long as the
+/// server does.
 ///
 /// # Errors
 /// [`ServeError`] when the transport fails.
@@ -74,6 +81,7 @@ pub async fn serve(
     use pb::approval_service_server::ApprovalServiceServer;
     use pb::authorization_service_server::AuthorizationServiceServer;
     use pb::ledger_service_server::LedgerServiceServer;
+    use pb::policy_service_server::PolicyServiceServer;
 
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
@@ -89,6 +97,8 @@ pub async fn serve(
         desk,
         expiry_interval,
         ledger,
+        policies,
+        reload,
     } = services;
     let authorization = AuthorizationServiceServer::new(authorization::AuthorizationApi::new(
         authorizer,
@@ -129,6 +139,9 @@ pub async fn serve(
         })
     };
     let ledger = LedgerServiceServer::new(ledger::LedgerApi::new(ledger));
+    let policy = PolicyServiceServer::new(policy::PolicyApi::new(Arc::clone(&policies)));
+    // Reloads need nobody to ask either; the watch stops with the server.
+    let reloads = tokio::spawn(crate::policy::start_reloads(policies, reload));
 
     // The policy set is loaded before the authorizer exists, so the
     // services are ready as soon as they are wired.
@@ -142,19 +155,27 @@ pub async fn serve(
         .set_serving::<LedgerServiceServer<ledger::LedgerApi>>()
         .await;
     reporter
+        .set_serving::<PolicyServiceServer<policy::PolicyApi>>()
+        .await;
+    reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
 
+    // TCP_NODELAY: without it a response's last frame waits for the
+    // client's delayed ACK, some 40 ms on every call.
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let result = Server::builder()
         .add_service(health)
         .add_service(reflection)
         .add_service(authorization)
         .add_service(approvals)
         .add_service(ledger)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .add_service(policy)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     sweeper.abort();
     collector.abort();
+    reloads.abort();
     result?;
     Ok(())
 }

@@ -5,12 +5,13 @@ use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 
 use cedar_policy::{
-    Authorizer, Context, Decision, Effect, Entities, Entity, EntityId, EntityTypeName, EntityUid,
-    Request, RestrictedExpression,
+    Context, Effect, Entities, Entity, EntityId, EntityTypeName, EntityUid, Request,
+    RestrictedExpression,
 };
 use serde_json::{Map, Value};
 
 use super::PolicyEngine;
+use super::slice::{Evaluation, evaluate};
 use crate::identity::Caller;
 use crate::tools::{ProjectionError, ToolContract};
 
@@ -91,7 +92,7 @@ impl PolicyEngine {
         }
 
         let input = tool.input_type.project(call.arguments)?;
-        let evaluate = |approved: bool| -> Result<cedar_policy::Response, DecideError> {
+        let evaluate = |approved: bool| -> Result<Evaluation, DecideError> {
             let context = context_json(call, &input, approved);
             let context = Context::from_json_value(context, Some((&self.schema, &action)))
                 .map_err(|e| DecideError::Request(e.to_string()))?;
@@ -103,32 +104,36 @@ impl PolicyEngine {
                 Some(&self.schema),
             )
             .map_err(|e| DecideError::Request(e.to_string()))?;
-            Ok(Authorizer::new().is_authorized(&request, &self.policies, &entities))
+            Ok(evaluate(&self.policies, &action, &request, &entities))
         };
 
         let first = evaluate(call.approved)?;
-        if let Some(errored) = errored(&first) {
-            return Ok(PolicyDecision::Errored { policies: errored });
-        }
-        if first.decision() == Decision::Allow {
-            return Ok(PolicyDecision::Allow {
-                policies: reasons(&first),
+        if !first.errors.is_empty() {
+            return Ok(PolicyDecision::Errored {
+                policies: first.errors,
             });
         }
-        let policies = reasons(&first);
+        if first.allowed {
+            return Ok(PolicyDecision::Allow {
+                policies: first.reasons,
+            });
+        }
+        let policies = first.reasons;
         // The forbids that still hold with an approval are the ones no human
         // can lift: their reason is the one worth telling the model.
         let mut unliftable = Vec::new();
         if !call.approved {
             let second = evaluate(true)?;
-            if let Some(errored) = errored(&second) {
-                return Ok(PolicyDecision::Errored { policies: errored });
+            if !second.errors.is_empty() {
+                return Ok(PolicyDecision::Errored {
+                    policies: second.errors,
+                });
             }
-            if second.decision() == Decision::Allow {
+            if second.allowed {
                 // The forbids that fired without approval are what a human lifts.
                 return Ok(PolicyDecision::ApprovalRequired { policies });
             }
-            unliftable = reasons(&second);
+            unliftable = second.reasons;
         }
         let reason = self
             .deny_reason(&unliftable)
@@ -140,7 +145,7 @@ impl PolicyEngine {
     fn deny_reason(&self, policies: &[String]) -> Option<String> {
         policies.iter().find_map(|id| {
             let pid = cedar_policy::PolicyId::new(id);
-            let p = self.policies.policy(&pid)?;
+            let p = self.policies.full().policy(&pid)?;
             if p.effect() == Effect::Forbid {
                 p.annotation("reason").map(ToOwned::to_owned)
             } else {
@@ -177,15 +182,26 @@ impl PolicyEngine {
             extra.push(tenant_entity);
         }
         if let Some(json) = supplied_json {
-            let supplied = Entities::from_json_value(json.clone(), Some(&self.schema))
-                .map_err(|e| DecideError::Entities(e.to_string()))?;
-            // The principal comes from the auth context alone (DESIGN §1).
-            if supplied.get(principal).is_some() {
-                return Err(DecideError::Entities(format!(
-                    "entities must not define the principal `{principal}`"
-                )));
+            let Value::Array(items) = json else {
+                return Err(DecideError::Entities(
+                    "must be a JSON array of Cedar entities".into(),
+                ));
+            };
+            // One entity at a time, each checked against the schema (an
+            // action only as the schema declares it). `Entities::from_json_value`
+            // would also materialise every action of the schema on every
+            // call: thousands of entities for a deployment of thousands of tools.
+            for item in items {
+                let entity = Entity::from_json_value(item.clone(), Some(&self.schema))
+                    .map_err(|e| DecideError::Entities(e.to_string()))?;
+                // The principal comes from the auth context alone (DESIGN §1).
+                if entity.uid() == *principal {
+                    return Err(DecideError::Entities(format!(
+                        "entities must not define the principal `{principal}`"
+                    )));
+                }
+                extra.push(entity);
             }
-            extra.extend(supplied.iter().cloned());
         }
         self.static_entities
             .clone()
@@ -213,28 +229,6 @@ fn context_json(call: &ToolCall<'_>, input: &Value, approved: bool) -> Value {
     c.insert("session".into(), call.caller.session_id.clone().into());
     c.insert("input".into(), input.clone());
     Value::Object(c)
-}
-
-fn reasons(r: &cedar_policy::Response) -> Vec<String> {
-    let mut v: Vec<String> = r.diagnostics().reason().map(ToString::to_string).collect();
-    v.sort();
-    v
-}
-
-fn errored(r: &cedar_policy::Response) -> Option<Vec<String>> {
-    let mut v: Vec<String> = r
-        .diagnostics()
-        .errors()
-        .map(|e| match e {
-            cedar_policy::AuthorizationError::PolicyEvaluationError(e) => e.policy_id().to_string(),
-        })
-        .collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort();
-    v.dedup();
-    Some(v)
 }
 
 impl PolicyEngine {
@@ -281,17 +275,99 @@ impl PolicyEngine {
         c.insert("verdict".into(), verdict.into());
         let context = Context::from_json_value(Value::Object(c), Some((&self.schema, &action)))
             .map_err(|e| DecideError::Request(e.to_string()))?;
-        let request = Request::new(principal, action, resource, context, Some(&self.schema))
-            .map_err(|e| DecideError::Request(e.to_string()))?;
-        let response = Authorizer::new().is_authorized(&request, &self.policies, &entities);
-        if let Some(errored) = errored(&response) {
-            return Ok(PolicyDecision::Errored { policies: errored });
+        let request = Request::new(
+            principal,
+            action.clone(),
+            resource,
+            context,
+            Some(&self.schema),
+        )
+        .map_err(|e| DecideError::Request(e.to_string()))?;
+        let answer = evaluate(&self.policies, &action, &request, &entities);
+        if !answer.errors.is_empty() {
+            return Ok(PolicyDecision::Errored {
+                policies: answer.errors,
+            });
         }
-        let policies = reasons(&response);
-        if response.decision() == Decision::Allow {
+        let policies = answer.reasons;
+        if answer.allowed {
             return Ok(PolicyDecision::Allow { policies });
         }
         let reason = self.deny_reason(&policies);
         Ok(PolicyDecision::Deny { policies, reason })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn engine() -> PolicyEngine {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+        PolicyEngine::load(&dir).unwrap()
+    }
+
+    fn bob() -> Caller {
+        Caller {
+            subject_id: "bob".into(),
+            tenant_id: "acme".into(),
+            scopes: vec!["orders:refund".into()],
+            roles: vec!["support_agent".into()],
+            agent_id: String::new(),
+            session_id: String::new(),
+        }
+    }
+
+    fn order_and(action: Value) -> Value {
+        json!([
+            {"uid": {"type": "Order", "id": "ord_1"}, "parents": [{"type": "Tenant", "id": "acme"}],
+             "attrs": {"tenant": {"__entity": {"type": "Tenant", "id": "acme"}},
+                       "owner": {"__entity": {"type": "User", "id": "alice"}},
+                       "status": "delivered", "total_cents": 50000}},
+            action
+        ])
+    }
+
+    /// Slicing relies on the action hierarchy being the schema's: supplied
+    /// entities may repeat an action exactly, never move it to another group.
+    #[test]
+    fn supplied_entities_cannot_regroup_an_action() {
+        let engine = engine();
+        let caller = bob();
+        let tool = engine.tools().get("refund_order").unwrap();
+        let args =
+            json!({"order_id": "ord_1", "amount_cents": 500, "currency": "USD", "reason": "late"});
+        let decide = |action: Value| {
+            let entities = order_and(action);
+            engine.decide_tool_call(&ToolCall {
+                caller: &caller,
+                tool,
+                arguments: &args,
+                entities: Some(&entities),
+                approved: false,
+            })
+        };
+        let regrouped = decide(json!({"uid": {"type": "Action", "id": "refund_order"},
+            "parents": [{"type": "Action", "id": "risk:read"}], "attrs": {}}));
+        assert!(
+            matches!(&regrouped, Err(DecideError::Entities(m)) if m.contains("does not conform")),
+            "{regrouped:?}"
+        );
+        let ungrouped = decide(json!({"uid": {"type": "Action", "id": "delete_account"},
+            "parents": [], "attrs": {}}));
+        assert!(
+            matches!(&ungrouped, Err(DecideError::Entities(m)) if m.contains("does not conform")),
+            "{ungrouped:?}"
+        );
+        let same = decide(json!({"uid": {"type": "Action", "id": "delete_account"},
+            "parents": [{"type": "Action", "id": "risk:destructive"}], "attrs": {}}));
+        assert_eq!(
+            same,
+            Ok(PolicyDecision::Allow {
+                policies: vec!["support-refunds-orders".into()]
+            })
+        );
     }
 }

@@ -5,6 +5,26 @@ use std::path::{Path, PathBuf};
 
 use miette::{Diagnostic, LabeledSpan, NamedSource, SourceSpan};
 
+/// Whether a diagnostic stops a policy set from loading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// The set does not load.
+    Error,
+    /// The set loads; something is probably not what its author meant.
+    Warning,
+}
+
+impl Severity {
+    /// `"error"` or `"warning"`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Error => "error",
+            Self::Warning => "warning",
+        }
+    }
+}
+
 /// One problem in one file a deployment edits, located by line and column.
 ///
 /// Displays as `path:line:column: message`, the form editors and CI logs
@@ -16,8 +36,10 @@ pub struct SourceDiagnostic {
     pub column: usize,
     pub message: String,
     pub help: Option<String>,
-    /// `"error"` or `"warning"`.
-    pub severity: &'static str,
+    pub severity: Severity,
+    /// A stable kind for machines (`cedar::parse`, `cedar::validation`,
+    /// `toolgate::tools::unknown_field`, …): what CI filters on.
+    pub code: String,
     src: Option<NamedSource<String>>,
     span: Option<SourceSpan>,
 }
@@ -33,12 +55,23 @@ impl SourceDiagnostic {
             column,
             message,
             help: None,
-            severity: "error",
+            severity: Severity::Error,
+            code: codes::POLICY.to_owned(),
             src: Some(NamedSource::new(
                 path.display().to_string(),
                 text.to_owned(),
             )),
             span: offset.map(|o| SourceSpan::from((o, 0))),
+        }
+    }
+
+    /// A diagnostic at a known line and column, without the file's text.
+    #[must_use]
+    pub fn at_line_column(path: &Path, line: usize, column: usize, message: String) -> Self {
+        Self {
+            line,
+            column,
+            ..Self::whole_file(path, message)
         }
     }
 
@@ -51,15 +84,17 @@ impl SourceDiagnostic {
             column: 1,
             message,
             help: None,
-            severity: "error",
+            severity: Severity::Error,
+            code: codes::POLICY.to_owned(),
             src: None,
             span: None,
         }
     }
 
-    /// Builds a diagnostic from any `miette` diagnostic whose labels point into `text`.
+    /// Builds a diagnostic from any `miette` diagnostic whose labels point
+    /// into `text`; its code is the diagnostic's own, else `code`.
     #[must_use]
-    pub fn from_diagnostic(path: &Path, text: &str, diag: &dyn Diagnostic) -> Self {
+    pub fn from_diagnostic(path: &Path, text: &str, diag: &dyn Diagnostic, code: &str) -> Self {
         let offset = diag
             .labels()
             .and_then(|mut l| l.next())
@@ -75,15 +110,42 @@ impl SourceDiagnostic {
         }
         let mut d = Self::at_offset(path, text, offset, message);
         d.help = help;
+        d.code = diag
+            .code()
+            .map_or_else(|| code.to_owned(), |c| c.to_string());
         d
+    }
+
+    /// Sets the stable kind.
+    #[must_use]
+    pub fn with_code(mut self, code: &str) -> Self {
+        code.clone_into(&mut self.code);
+        self
     }
 
     /// Marks this diagnostic a warning.
     #[must_use]
     pub fn warning(mut self) -> Self {
-        self.severity = "warning";
+        self.severity = Severity::Warning;
         self
     }
+}
+
+/// The stable kinds of the diagnostics toolgate raises itself (Cedar's
+/// and the tool contracts' carry their own).
+pub mod codes {
+    pub const POLICY: &str = "toolgate::policy";
+    pub const IO: &str = "toolgate::io";
+    pub const SCHEMA: &str = "cedar::schema";
+    pub const SCHEMA_WARNING: &str = "cedar::schema_warning";
+    pub const PARSE: &str = "cedar::parse";
+    pub const VALIDATION: &str = "cedar::validation";
+    pub const VALIDATION_WARNING: &str = "cedar::validation_warning";
+    pub const ENTITIES: &str = "cedar::entities";
+    pub const REDECLARED_TYPE: &str = "toolgate::policy::redeclared_type";
+    pub const UNKNOWN_RESOURCE_TYPE: &str = "toolgate::policy::unknown_resource_type";
+    pub const DUPLICATE_ID: &str = "toolgate::policy::duplicate_id";
+    pub const TEMPLATE: &str = "toolgate::policy::template";
 }
 
 impl fmt::Display for SourceDiagnostic {
@@ -106,6 +168,17 @@ impl fmt::Display for SourceDiagnostic {
 impl std::error::Error for SourceDiagnostic {}
 
 impl Diagnostic for SourceDiagnostic {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        Some(Box::new(&self.code))
+    }
+
+    fn severity(&self) -> Option<miette::Severity> {
+        Some(match self.severity {
+            Severity::Error => miette::Severity::Error,
+            Severity::Warning => miette::Severity::Warning,
+        })
+    }
+
     fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
         self.help
             .as_ref()

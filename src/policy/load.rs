@@ -12,7 +12,9 @@ use cedar_policy::{
 use miette::Diagnostic;
 use sha2::{Digest, Sha256};
 
+use super::diagnostic::codes;
 use super::schema::{GENERATED_ENTITY_TYPES, core_fragment, tool_actions_fragment};
+use super::slice::PolicySlices;
 use super::{PolicyEngine, SourceDiagnostic};
 use crate::tools::{ToolContractError, ToolRegistry};
 
@@ -33,6 +35,45 @@ pub enum PolicyLoadError {
     Source(Box<SourceDiagnostic>),
 }
 
+impl PolicyLoadError {
+    /// This problem as one located, coded diagnostic: the form machines read
+    /// (`toolgate check --format json`, the reload status, logs).
+    #[must_use]
+    pub fn to_diagnostic(&self) -> SourceDiagnostic {
+        match self {
+            Self::Io { path, .. } => {
+                SourceDiagnostic::whole_file(path, self.to_string()).with_code(codes::IO)
+            }
+            Self::Tools(e) => {
+                let at = e.location();
+                let mut d = SourceDiagnostic::at_line_column(
+                    &at.path,
+                    at.line.unwrap_or(1),
+                    at.column.unwrap_or(1),
+                    e.kind().to_string(),
+                );
+                if let Some(code) = e.code() {
+                    d.code = code.to_string();
+                }
+                d.help = e.help().map(|h| h.to_string());
+                d
+            }
+            Self::Source(d) => (**d).clone(),
+        }
+    }
+}
+
+impl LoadErrors {
+    /// Every problem as a located, coded diagnostic, in load order.
+    #[must_use]
+    pub fn diagnostics(&self) -> Vec<SourceDiagnostic> {
+        self.errors
+            .iter()
+            .map(PolicyLoadError::to_diagnostic)
+            .collect()
+    }
+}
+
 impl From<SourceDiagnostic> for PolicyLoadError {
     fn from(d: SourceDiagnostic) -> Self {
         Self::Source(Box::new(d))
@@ -47,6 +88,9 @@ pub struct LoadErrors {
     pub dir: PathBuf,
     #[related]
     pub errors: Vec<PolicyLoadError>,
+    /// Warnings found before loading stopped (validator warnings, when
+    /// validation was reached).
+    pub warnings: Vec<SourceDiagnostic>,
 }
 
 impl LoadErrors {
@@ -54,6 +98,7 @@ impl LoadErrors {
         Self {
             dir: dir.to_path_buf(),
             errors: vec![e.into()],
+            warnings: Vec::new(),
         }
     }
 }
@@ -112,14 +157,16 @@ impl PolicyEngine {
             String::new()
         };
         let core_text = core_fragment();
-        let core = parse_fragment(Path::new("<generated>"), &core_text)
+        let mut warnings = Vec::new();
+        let core = parse_fragment(Path::new("<generated>"), &core_text, &mut Vec::new())
             .map_err(|e| LoadErrors::one(dir, e))?;
-        let team = parse_fragment(&team_path, &team_text).map_err(|e| LoadErrors::one(dir, e))?;
+        let team = parse_fragment(&team_path, &team_text, &mut warnings)
+            .map_err(|e| LoadErrors::one(dir, e))?;
         check_no_redeclaration(&team_path, &team_text).map_err(|e| LoadErrors::one(dir, e))?;
         let domain = Schema::from_schema_fragments([core.clone(), team.clone()]).map_err(|e| {
             LoadErrors::one(
                 dir,
-                SourceDiagnostic::from_diagnostic(&team_path, &team_text, &e),
+                SourceDiagnostic::from_diagnostic(&team_path, &team_text, &e, codes::SCHEMA),
             )
         })?;
 
@@ -142,6 +189,7 @@ impl PolicyEngine {
                             team_path.display()
                         ),
                     )
+                    .with_code(codes::UNKNOWN_RESOURCE_TYPE)
                     .into(),
                 );
             }
@@ -154,19 +202,25 @@ impl PolicyEngine {
             return Err(LoadErrors {
                 dir: dir.to_path_buf(),
                 errors,
+                warnings,
             });
         }
 
         let actions_text = tool_actions_fragment(tools.iter());
-        let actions = parse_fragment(Path::new("<generated actions>"), &actions_text)
-            .map_err(|e| LoadErrors::one(dir, e))?;
+        let actions = parse_fragment(
+            Path::new("<generated actions>"),
+            &actions_text,
+            &mut Vec::new(),
+        )
+        .map_err(|e| LoadErrors::one(dir, e))?;
         let schema = Schema::from_schema_fragments([core, team, actions]).map_err(|e| {
             LoadErrors::one(
                 dir,
                 SourceDiagnostic::whole_file(
                     &team_path,
                     format!("combined schema is invalid: {e}"),
-                ),
+                )
+                .with_code(codes::SCHEMA),
             )
         })?;
         let schema_text = format!(
@@ -200,13 +254,18 @@ impl PolicyEngine {
                                     text.find(&format!("\"{id}\"")),
                                     format!("duplicate policy id `{id}`"),
                                 )
+                                .with_code(codes::DUPLICATE_ID)
                                 .into(),
                             );
                             continue;
                         }
                         origin.insert(id, file_index);
                         if let Err(e) = policies.add(policy) {
-                            errors.push(SourceDiagnostic::whole_file(&path, e.to_string()).into());
+                            errors.push(
+                                SourceDiagnostic::whole_file(&path, e.to_string())
+                                    .with_code(codes::PARSE)
+                                    .into(),
+                            );
                         }
                     }
                 }
@@ -218,27 +277,54 @@ impl PolicyEngine {
             return Err(LoadErrors {
                 dir: dir.to_path_buf(),
                 errors,
+                warnings,
             });
         }
 
         // Strict validation against the combined schema.
-        let result = Validator::new(schema.clone()).validate(&policies, ValidationMode::Strict);
+        let results = validate_strict(&schema, &policies).map_err(|e| {
+            LoadErrors::one(
+                dir,
+                SourceDiagnostic::whole_file(dir, e).with_code(codes::VALIDATION),
+            )
+        })?;
         let locate = |id: &PolicyId| origin.get(&id.to_string()).and_then(|i| sources.get(*i));
-        for e in result.validation_errors() {
-            if let Some(src) = locate(e.policy_id()) {
-                errors.push(SourceDiagnostic::from_diagnostic(&src.path, &src.text, e).into());
+        let mut invalid = Vec::new();
+        for result in &results {
+            for e in result.validation_errors() {
+                if let Some(src) = locate(e.policy_id()) {
+                    invalid.push(SourceDiagnostic::from_diagnostic(
+                        &src.path,
+                        &src.text,
+                        e,
+                        codes::VALIDATION,
+                    ));
+                }
+            }
+            for w in result.validation_warnings() {
+                if let Some(src) = locate(w.policy_id()) {
+                    warnings.push(
+                        SourceDiagnostic::from_diagnostic(
+                            &src.path,
+                            &src.text,
+                            w,
+                            codes::VALIDATION_WARNING,
+                        )
+                        .warning(),
+                    );
+                }
             }
         }
-        let mut warnings = Vec::new();
-        for w in result.validation_warnings() {
-            if let Some(src) = locate(w.policy_id()) {
-                warnings.push(SourceDiagnostic::from_diagnostic(&src.path, &src.text, w).warning());
-            }
-        }
+        // In file order, whatever order the validator found them in.
+        let by_place = |d: &SourceDiagnostic| (d.path.clone(), d.line, d.column);
+        invalid.sort_by_key(by_place);
+        warnings.sort_by_key(by_place);
+        errors.extend(invalid.into_iter().map(PolicyLoadError::from));
         if !errors.is_empty() {
             return Err(LoadErrors {
                 dir: dir.to_path_buf(),
                 errors,
+                warnings,
             });
         }
 
@@ -254,13 +340,14 @@ impl PolicyEngine {
                         &text,
                         offset_of(&text, e.line(), e.column()),
                         e.to_string(),
-                    ),
+                    )
+                    .with_code(codes::ENTITIES),
                 )
             })?;
             let entities = Entities::from_json_value(value, Some(&schema)).map_err(|e| {
                 LoadErrors::one(
                     dir,
-                    SourceDiagnostic::from_diagnostic(&entities_path, &text, &e),
+                    SourceDiagnostic::from_diagnostic(&entities_path, &text, &e, codes::ENTITIES),
                 )
             })?;
             hashed.push(SourceFile {
@@ -300,6 +387,9 @@ impl PolicyEngine {
                 )
             })?;
 
+        let policies = PolicySlices::build(policies, &action_entities)
+            .map_err(|e| LoadErrors::one(dir, SourceDiagnostic::whole_file(dir, e.to_string())))?;
+
         hashed.extend(sources);
         let version = version_of(dir, &hashed);
         Ok(Self {
@@ -314,10 +404,56 @@ impl PolicyEngine {
     }
 }
 
-fn parse_fragment(path: &Path, text: &str) -> Result<SchemaFragment, PolicyLoadError> {
-    SchemaFragment::from_cedarschema_str(text)
-        .map(|(f, _warnings)| f)
-        .map_err(|e| SourceDiagnostic::from_diagnostic(path, text, &e).into())
+/// Validates every policy in strict mode, the set split over the available
+/// cores: Cedar's validator is single-threaded and its cost grows with
+/// policies × actions, while each static policy validates on its own.
+fn validate_strict(
+    schema: &Schema,
+    policies: &PolicySet,
+) -> Result<Vec<cedar_policy::ValidationResult>, String> {
+    let workers = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let all: Vec<&cedar_policy::Policy> = policies.policies().collect();
+    let chunk = all.len().div_ceil(workers.clamp(1, 16)).max(1);
+    let sets = all
+        .chunks(chunk)
+        .map(|c| {
+            PolicySet::from_policies(c.iter().map(|p| (*p).clone())).map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    std::thread::scope(|scope| {
+        let running: Vec<_> = sets
+            .iter()
+            .map(|set| {
+                scope.spawn(move || {
+                    Validator::new(schema.clone()).validate(set, ValidationMode::Strict)
+                })
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .map_err(|_| "the policy validator failed unexpectedly".to_owned())
+            })
+            .collect()
+    })
+}
+
+/// Parses a schema fragment; its warnings (e.g. a type shadowing a Cedar
+/// builtin) go to `warnings`.
+fn parse_fragment(
+    path: &Path,
+    text: &str,
+    warnings: &mut Vec<SourceDiagnostic>,
+) -> Result<SchemaFragment, PolicyLoadError> {
+    let (fragment, found) = SchemaFragment::from_cedarschema_str(text)
+        .map_err(|e| SourceDiagnostic::from_diagnostic(path, text, &e, codes::SCHEMA))?;
+    for w in found {
+        warnings.push(
+            SourceDiagnostic::from_diagnostic(path, text, &w, codes::SCHEMA_WARNING).warning(),
+        );
+    }
+    Ok(fragment)
 }
 
 /// A team schema may not declare the names toolgate generates.
@@ -335,6 +471,7 @@ fn check_no_redeclaration(path: &Path, text: &str) -> Result<(), PolicyLoadError
                     Some(offset),
                     format!("entity type `{name}` is generated by toolgate and must not be declared here"),
                 )
+                .with_code(codes::REDECLARED_TYPE)
                 .into());
             }
         }
@@ -348,8 +485,9 @@ fn load_policy_file(
     path: &Path,
     text: &str,
 ) -> Result<Vec<cedar_policy::Policy>, Vec<PolicyLoadError>> {
-    let set = PolicySet::from_str(text)
-        .map_err(|e| vec![SourceDiagnostic::from_diagnostic(path, text, &e).into()])?;
+    let set = PolicySet::from_str(text).map_err(|e| {
+        vec![SourceDiagnostic::from_diagnostic(path, text, &e, codes::PARSE).into()]
+    })?;
     if set.templates().next().is_some() {
         return Err(vec![
             SourceDiagnostic::at_offset(
@@ -358,6 +496,7 @@ fn load_policy_file(
                 text.find("?principal").or_else(|| text.find("?resource")),
                 "templates are not supported; write static policies".into(),
             )
+            .with_code(codes::TEMPLATE)
             .into(),
         ]);
     }

@@ -1,28 +1,47 @@
-//! Cedar: schema generation, policy loading and validation, evaluation
-//! (DESIGN §3.2, §3.3).
+//! Cedar: schema generation, policy loading and validation, slicing,
+//! evaluation and reload (DESIGN §3.2, §3.3, §9).
 //!
 //! This is the only module that imports `cedar_policy`. It turns a
 //! `policies/` folder into a [`PolicyEngine`] — a validated, immutable unit
-//! of schema, policies, tool contracts and static entities — and answers
-//! Cedar questions about one tool call. It knows nothing of gRPC, storage or
-//! approvals beyond the boolean "a valid approval was presented".
+//! of schema, policies (sliced per action), tool contracts and static
+//! entities — answers Cedar questions about one tool call, and replaces the
+//! live engine when the folder changes ([`PolicyReloader`],
+//! [`start_reloads`]). [`plain`] evaluates bare Cedar requests through the
+//! same evaluation function, for Cedar's own integration tests. It knows
+//! nothing of gRPC, storage or approvals beyond the boolean "a valid
+//! approval was presented".
 //!
 //! Invariants:
 //! - An engine exists only if every policy validated in strict mode against
-//!   the combined schema; a broken set never goes live.
+//!   the combined schema; a broken set never goes live, and a failed reload
+//!   keeps the last good one.
 //! - Evaluation fails closed: any policy evaluation error is
 //!   [`PolicyDecision::Errored`], never an allow.
+//! - A decision evaluates its action's slice, which holds every policy whose
+//!   action scope can match (see the `INVARIANT` in `slice.rs`): slicing
+//!   never changes a decision, its determining policies or its errors.
 
 mod decide;
 mod diagnostic;
 mod load;
+pub mod plain;
+mod reload;
 pub mod schema;
+mod slice;
+mod watch;
+
+#[cfg(test)]
+mod cedar_conformance_tests;
 
 pub use decide::{DecideError, PolicyDecision, ToolCall};
-pub use diagnostic::{SourceDiagnostic, line_column};
+pub use diagnostic::{Severity, SourceDiagnostic, codes, line_column};
 pub use load::{LoadErrors, PolicyLoadError};
+pub use reload::{PolicyReloader, PolicyStatus, ReloadFailure, ReloadMetrics, ReloadOutcome};
+pub use watch::{ReloadTriggers, start_reloads};
 
-use cedar_policy::{Entities, PolicySet, Schema};
+use cedar_policy::{Entities, Schema};
+
+use self::slice::PolicySlices;
 
 use crate::tools::ToolRegistry;
 
@@ -30,7 +49,8 @@ use crate::tools::ToolRegistry;
 pub struct PolicyEngine {
     tools: ToolRegistry,
     schema: Schema,
-    policies: PolicySet,
+    /// Every policy, and per action the slice a decision evaluates.
+    policies: PolicySlices,
     static_entities: Entities,
     schema_text: String,
     version: String,
@@ -75,6 +95,25 @@ impl PolicyEngine {
     /// How many policies are loaded.
     #[must_use]
     pub fn policy_count(&self) -> usize {
-        self.policies.policies().count()
+        self.policies.full().policies().count()
+    }
+
+    /// Every policy id (its `@id`, else `<file>#<index>`), sorted.
+    #[must_use]
+    pub fn policy_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .policies
+            .full()
+            .policies()
+            .map(|p| p.id().to_string())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// The most policies any one action evaluates (its slice).
+    #[must_use]
+    pub fn largest_slice(&self) -> usize {
+        self.policies.largest_slice()
     }
 }

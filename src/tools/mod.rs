@@ -82,7 +82,7 @@ mod input_type;
 mod pointer;
 mod registry;
 mod schema;
-mod source;
+pub(crate) mod source;
 
 pub use contract::{ResourceRef, Risk, ToolContract};
 pub use contract_error::{

@@ -647,7 +647,7 @@ async fn every_token_failure_is_unauthorized_and_decides_nothing() {
 /// hash they sign off is still that of the real arguments.
 #[tokio::test]
 async fn display_arguments_redact_the_sensitive_pointers() {
-    let (dir, policies) = crate::cli::copy_of_examples();
+    let (dir, policies) = crate::support::copy_of_examples();
     let contract = policies.join("tools/refund_order.json");
     let mut refund: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&contract).unwrap()).unwrap();

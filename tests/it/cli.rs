@@ -1,36 +1,15 @@
 //! The command line: `check` diagnostics with file and line, `schema`, `authorize`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::support::example_policies;
+use crate::support::{copy_of_examples, example_policies};
 
 fn toolgate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_toolgate"))
         .args(args)
         .output()
         .unwrap()
-}
-
-/// A copy of the example policies, to break.
-pub fn copy_of_examples() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let dst = dir.path().join("policies");
-    copy_dir(&example_policies(), &dst);
-    (dir, dst)
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for entry in std::fs::read_dir(src).unwrap() {
-        let entry = entry.unwrap();
-        let to = dst.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &to);
-        } else {
-            std::fs::copy(entry.path(), to).unwrap();
-        }
-    }
 }
 
 fn check(dir: &Path) -> (i32, String) {
@@ -193,4 +172,169 @@ fn authorize_decides_one_call_without_a_server() {
     let (code, json) =
         run(r#"{"order_id":"ord_1001","amount_cents":50001,"currency":"USD","reason":"late"}"#);
     assert_eq!((code, json["code"].as_str()), (2, Some("forbidden")));
+}
+
+fn policy_test(args: &[&str]) -> (i32, String) {
+    let mut all = vec!["test"];
+    all.extend_from_slice(args);
+    let out = toolgate(&all);
+    assert!(out.stderr.is_empty() || out.status.code() != Some(0));
+    (
+        out.status.code().unwrap(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The summary line's two counts.
+fn summary(out: &str) -> (usize, usize) {
+    let last = out.lines().last().unwrap();
+    let (passed, failed) = last.split_once(" passed, ").unwrap();
+    let failed = failed.strip_suffix(" failed").unwrap();
+    (passed.parse().unwrap(), failed.parse().unwrap())
+}
+
+#[test]
+fn test_passes_the_examples_and_covers_every_example_policy() {
+    let dir = example_policies();
+    let (code, out) = policy_test(&[dir.to_str().unwrap(), "--require-coverage"]);
+    assert_eq!(code, 0, "{out}");
+    let (passed, failed) = summary(&out);
+    assert!(passed > 0 && failed == 0, "{out}");
+    // Every @id of the examples determined at least one passing case.
+    let engine = toolgate::policy::PolicyEngine::load(&dir).unwrap();
+    let n = engine.policy_ids().len();
+    assert!(n >= 17, "{n}");
+    assert!(
+        out.contains(&format!(
+            "coverage: {n}/{n} policies determined a passing case\n"
+        )),
+        "{out}"
+    );
+}
+
+#[test]
+fn test_lists_a_failing_case_with_a_diff_and_exits_non_zero() {
+    let (_tmp, dir) = copy_of_examples();
+    let (_, before) = policy_test(&["--policies", dir.to_str().unwrap()]);
+    let (total, _) = summary(&before);
+    // A policy edit that changes one decision the cases pin down.
+    let orders = dir.join("orders.cedar");
+    let text = std::fs::read_to_string(&orders).unwrap();
+    std::fs::write(
+        &orders,
+        text.replace("amount_cents > 10000", "amount_cents > 30000"),
+    )
+    .unwrap();
+    let (code, out) = policy_test(&["--policies", dir.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    let cases = dir.join("tests/orders.json");
+    let line = std::fs::read_to_string(&cases)
+        .unwrap()
+        .lines()
+        .position(|l| l.contains("\"name\": \"a refund over 100.00 waits for a human\""))
+        .unwrap();
+    let expected = format!(
+        "FAIL {}:{}: a refund over 100.00 waits for a human\n  - decision: approval_required\n  + decision: allow\n  - code: `approval_required`\n  + code: (none)\n  - policies: [large-refund-needs-approval]\n  + policies: [support-refunds-orders]\n",
+        cases.display(),
+        line // the case's `{` is on the line before its name
+    );
+    assert!(out.contains(&expected), "{expected}\nnot in:\n{out}");
+    assert_eq!(out.matches("FAIL ").count(), 1, "{out}");
+    assert_eq!(summary(&out), (total - 1, 1), "{out}");
+}
+
+#[test]
+fn test_refuses_a_malformed_case_file_with_its_line() {
+    let (_tmp, dir) = copy_of_examples();
+    let bad = dir.join("tests/zz-bad.json");
+    std::fs::write(
+        &bad,
+        "{\"cases\": [\n  {\"name\": \"x\", \"tool\": \"get_order\", \"arguments\": \"{}\",\n   \"auth\": {\"subject_id\": \"a\", \"tenant_id\": \"t\"}, \"expected\": {}}]}\n",
+    )
+    .unwrap();
+    let (code, out) = policy_test(&[dir.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "error: {}:3:60: unknown field `expected`",
+            bad.display()
+        )),
+        "{out}"
+    );
+    // The other files still ran, and all passed.
+    assert_eq!(summary(&out).1, 0, "{out}");
+}
+
+#[test]
+fn test_names_the_policies_no_case_covers() {
+    let (_tmp, dir) = copy_of_examples();
+    std::fs::remove_file(dir.join("tests/docs.json")).unwrap();
+    let (code, out) = policy_test(&[dir.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("; never: search-docs\n"), "{out}");
+    let (code, out) = policy_test(&[dir.to_str().unwrap(), "--require-coverage"]);
+    assert_eq!(code, 1, "{out}");
+}
+
+#[test]
+fn check_reports_validator_warnings_and_json_diagnostics() {
+    let (_tmp, dir) = copy_of_examples();
+    let docs = dir.join("docs.cedar");
+    let text = std::fs::read_to_string(&docs).unwrap();
+    std::fs::write(
+        &docs,
+        format!("{text}\n@id(\"never\")\npermit (principal, action == Action::\"search_docs\", resource)\nwhen {{ false }};\n"),
+    )
+    .unwrap();
+    let message = "for policy `never`, policy is impossible: the policy expression evaluates to false for all valid requests";
+    // Human: shown, and only --deny-warnings fails on it.
+    let (code, out) = check(&dir);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("warning: {}:7:1: {message}", docs.display())),
+        "{out}"
+    );
+    let run = |args: &[&str]| {
+        let mut all = vec![
+            "check",
+            "--policies",
+            dir.to_str().unwrap(),
+            "--format",
+            "json",
+        ];
+        all.extend_from_slice(args);
+        let out = toolgate(&all);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (out.status.code().unwrap(), json)
+    };
+    let warning = serde_json::json!({
+        "file": docs.display().to_string(), "line": 7, "column": 1, "severity": "warning",
+        "code": "cedar::validation_warning", "message": message, "help": null
+    });
+    let (code, json) = run(&[]);
+    assert_eq!(code, 0);
+    assert_eq!(json["ok"], true);
+    assert_eq!(json["diagnostics"], serde_json::json!([warning]));
+    let (code, json) = run(&["--deny-warnings"]);
+    assert_eq!((code, &json["ok"]), (1, &serde_json::json!(false)));
+
+    // An error: machine-readable, with the file, line, column and kind.
+    let orders = dir.join("orders.cedar");
+    let text = std::fs::read_to_string(&orders).unwrap();
+    std::fs::write(&orders, text.replacen("action ==", "action ===", 1)).unwrap();
+    let (code, json) = run(&[]);
+    assert_eq!(code, 1);
+    assert_eq!(json["ok"], false);
+    assert_eq!(json["policy_version"], serde_json::Value::Null);
+    assert_eq!(
+        json["diagnostics"],
+        serde_json::json!([{
+            "file": orders.display().to_string(), "line": 4, "column": 29, "severity": "error",
+            "code": "cedar::parse", "message": "unexpected token `=`", "help": null
+        }])
+    );
 }

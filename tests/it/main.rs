@@ -15,6 +15,7 @@ mod cli;
 mod ledger;
 mod ledger_crash;
 mod python;
+mod reload;
 mod restart;
 mod sidecar;
 mod support;

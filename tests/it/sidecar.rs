@@ -27,7 +27,8 @@ impl Sidecar {
     /// address from its JSON log line `toolgate serving` (bounded: 60 s,
     /// then fail).
     pub fn start(dir: &Path, extra: &[OsString]) -> Self {
-        let mut child = toolgate()
+        let mut command = toolgate();
+        command
             .arg("serve")
             .arg("--policies")
             .arg(example_policies())
@@ -35,7 +36,15 @@ impl Sidecar {
             .arg("--store")
             .arg(format!("sqlite://{}", dir.join("toolgate.db").display()))
             .args(extra)
-            .current_dir(dir)
+            .current_dir(dir);
+        Self::spawn(command)
+    }
+
+    /// Spawns `command` (a `toolgate serve` listening on `127.0.0.1:0`) and
+    /// reads the bound address from its JSON log line `toolgate serving`
+    /// (bounded: 60 s, then fail).
+    pub fn spawn(mut command: Command) -> Self {
+        let mut child = command
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -72,6 +81,16 @@ impl Sidecar {
             .connect()
             .await
             .unwrap()
+    }
+
+    /// The process id, for signals.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
     }
 
     /// SIGKILL: no shutdown hook, no flush, no goodbye.

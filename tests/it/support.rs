@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
@@ -15,12 +14,33 @@ use toolgate::grpc::pb;
 use toolgate::grpc::pb::authorization_service_client::AuthorizationServiceClient;
 use toolgate::grpc::pb::ledger_service_client::LedgerServiceClient;
 use toolgate::ledger::LedgerConfig;
-use toolgate::policy::PolicyEngine;
+use toolgate::policy::{PolicyReloader, ReloadTriggers};
 use toolgate::store::SqliteStore;
 
 /// The example deployment shipped in `policies/`.
 pub fn example_policies() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies")
+}
+
+/// A copy of the example policies in a temporary folder, to edit or break.
+pub fn copy_of_examples() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("policies");
+    copy_dir(&example_policies(), &dst);
+    (dir, dst)
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let to = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to);
+        } else {
+            std::fs::copy(entry.path(), to).unwrap();
+        }
+    }
 }
 
 /// A fixture folder under `tests/it/fixtures/`.
@@ -34,6 +54,8 @@ pub struct TestServer {
     pub addr: SocketAddr,
     /// The server's SQLite file, for tests that inspect or reopen it.
     pub db_path: PathBuf,
+    /// The server's live policy set and its reloads.
+    pub policies: Arc<PolicyReloader>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -50,6 +72,25 @@ impl TestServer {
             config,
             Arc::new(SystemClock),
             test_ledger_config(),
+            ReloadTriggers::NONE,
+        )
+        .await
+    }
+
+    /// A server on `policies` that watches the folder and reloads it after
+    /// changes have been quiet for 50 ms (no SIGHUP: that would be the
+    /// whole test process's).
+    pub async fn start_reloading(policies: &Path) -> Self {
+        let triggers = ReloadTriggers {
+            watch: Some(Duration::from_millis(50)),
+            sighup: false,
+        };
+        Self::start_full(
+            policies,
+            AuthorizerConfig::default(),
+            Arc::new(SystemClock),
+            test_ledger_config(),
+            triggers,
         )
         .await
     }
@@ -69,6 +110,7 @@ impl TestServer {
             AuthorizerConfig::default(),
             Arc::new(clock),
             ledger,
+            ReloadTriggers::NONE,
         )
         .await
     }
@@ -78,13 +120,16 @@ impl TestServer {
         config: AuthorizerConfig,
         clock: Arc<dyn toolgate::clock::Clock>,
         ledger: LedgerConfig,
+        reload: ReloadTriggers,
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db_path = dir.path().join("toolgate.db");
-        let engine = PolicyEngine::load(policies).unwrap_or_else(|e| panic!("{e:?}"));
+        let reloader = Arc::new(
+            PolicyReloader::load(policies, Arc::clone(&clock)).unwrap_or_else(|e| panic!("{e:?}")),
+        );
         let store: Arc<dyn toolgate::store::Store> = Arc::new(SqliteStore::open(&db_path).unwrap());
         let (limits, violation_cap) = (config.limits, config.violation_cap);
-        let engine = Arc::new(ArcSwap::from_pointee(engine));
+        let engine = reloader.live();
         let events = Arc::new(toolgate::approvals::ApprovalEvents::default());
         let authorizer = Arc::new(
             ToolCallAuthorizer::new(
@@ -115,6 +160,8 @@ impl TestServer {
             desk,
             expiry_interval: Duration::from_millis(200),
             ledger,
+            policies: Arc::clone(&reloader),
+            reload,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -129,6 +176,7 @@ impl TestServer {
         Self {
             addr,
             db_path,
+            policies: reloader,
             stop: Some(stop),
             task: Some(task),
             _dir: dir,
