@@ -17,7 +17,7 @@
 //!
 //! Run: `cargo bench --bench perf` (options after `--`: `--rounds N`,
 //! `--seconds S` per gRPC side and round, `--iterations N` per in-process
-//! side and round, `--out PATH`).
+//! side and round, `--out PATH`; `--in-process-only` for profilers).
 
 #![allow(
     clippy::indexing_slicing,
@@ -59,6 +59,8 @@ struct Options {
     seconds: f64,
     iterations: usize,
     out: PathBuf,
+    /// Only the in-process comparison (for profilers), no JSON file.
+    in_process_only: bool,
 }
 
 impl Options {
@@ -68,6 +70,7 @@ impl Options {
             seconds: 2.0,
             iterations: 4000,
             out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/perf/perf.json"),
+            in_process_only: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -77,6 +80,7 @@ impl Options {
                 "--seconds" => o.seconds = value()?.parse()?,
                 "--iterations" => o.iterations = value()?.parse()?,
                 "--out" => o.out = PathBuf::from(value()?),
+                "--in-process-only" => o.in_process_only = true,
                 // `cargo bench` passes `--bench`; filters are not used here.
                 _ => {}
             }
@@ -98,6 +102,13 @@ fn main() -> Result<(), BoxError> {
         .enable_all()
         .build()?;
     let in_process = runtime.block_on(in_process(&options))?;
+    if options.in_process_only {
+        println!(
+            "raw Cedar p50 {:.1} µs, toolgate decision p50 {:.1} µs ({} policies)",
+            in_process.raw.p50_us, in_process.toolgate.p50_us, in_process.policies
+        );
+        return Ok(());
+    }
     let (grpc, memory) = runtime.block_on(over_grpc(&options))?;
     let report = report(&options, in_process, grpc, memory);
     if let Some(dir) = options.out.parent() {
@@ -432,7 +443,7 @@ fn echo_server(hex_response: &str) -> Result<(), BoxError> {
         tonic::transport::Server::builder()
             .add_service(AuthorizationServiceServer::new(Echo(response)))
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 stop,
             )
             .await?;

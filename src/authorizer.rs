@@ -566,9 +566,8 @@ fn hash<'a>(
         request_id,
         &caller.subject_id,
         &caller.tenant_id,
-        &args,
-    )
-    .map_err(internal)?;
+        &normalized,
+    );
     let conflict_key = match (&tool.resource, tool.resource_id(&args)) {
         (Some(r), Some(id)) => format!("{}:{}:{}", caller.tenant_id, r.entity_type, id),
         _ => format!("{}:Tool:{}", caller.tenant_id, tool.name),

@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 
-use super::{Limits, canonical_json, parse_strict, sha256_hex};
+use super::{Limits, canonical_json, idempotency_key, parse_strict, sha256_hex};
 
 const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
 
@@ -286,6 +286,39 @@ proptest! {
                 prop_assert_eq!((e.reason(), unsafe_integer), ("number_out_of_range", true), "{}", text);
             }
         }
+    }
+
+    /// Our RFC 8785 writer and the reference implementation
+    /// (`serde_json_canonicalizer`) agree byte for byte.
+    #[test]
+    fn canonical_form_is_the_reference_implementations(
+        document in node(),
+        top in object_of(node()),
+    ) {
+        for value in [document.to_value(), top.to_value()] {
+            let reference = serde_json_canonicalizer::to_string(&value).unwrap();
+            prop_assert_eq!(canonical_json(&value).unwrap(), reference);
+        }
+    }
+
+    /// The idempotency key's envelope, built from the canonical arguments,
+    /// is the canonical form of the whole envelope object.
+    #[test]
+    fn the_idempotency_key_hashes_the_canonical_envelope(
+        arguments in object_of(node()),
+        fields in prop::array::uniform4(text()),
+    ) {
+        let [tool, request, subject, tenant] = fields;
+        let arguments = arguments.to_value();
+        let envelope = serde_json::json!({
+            "arguments": arguments, "request_id": request, "subject_id": subject,
+            "tenant_id": tenant, "tool_name": tool,
+        });
+        let reference = serde_json_canonicalizer::to_string(&envelope).unwrap();
+        let key = idempotency_key(
+            &tool, &request, &subject, &tenant, &canonical_json(&arguments).unwrap(),
+        );
+        prop_assert_eq!(key, format!("{tool}:{}", sha256_hex(reference.as_bytes())));
     }
 
     /// Strictness only ever removes: what we accept, serde_json accepts with

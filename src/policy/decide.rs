@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 
 use super::PolicyEngine;
 use super::slice::{Evaluation, evaluate};
+use super::values;
 use crate::identity::Caller;
 use crate::tools::{ProjectionError, ToolContract};
 
@@ -63,8 +64,47 @@ pub enum DecideError {
 }
 
 fn uid(ty: &str, id: &str) -> Result<EntityUid, DecideError> {
-    let ty = EntityTypeName::from_str(ty).map_err(|e| DecideError::Request(e.to_string()))?;
+    let ty = match ty {
+        "User" | "Tenant" | "Tool" | "Action" => GENERATED_TYPES
+            .iter()
+            .find(|t| t.basename() == ty)
+            .cloned()
+            .ok_or_else(|| DecideError::Request(format!("no type `{ty}`")))?,
+        _ => EntityTypeName::from_str(ty).map_err(|e| DecideError::Request(e.to_string()))?,
+    };
     Ok(EntityUid::from_type_name_and_id(ty, EntityId::new(id)))
+}
+
+/// The generated types every decision names, parsed once.
+static GENERATED_TYPES: std::sync::LazyLock<Vec<EntityTypeName>> = std::sync::LazyLock::new(|| {
+    ["User", "Tenant", "Tool", "Action"]
+        .iter()
+        .filter_map(|t| EntityTypeName::from_str(t).ok())
+        .collect()
+});
+
+/// A Cedar request. Built from values typed by the generated schema, it is
+/// checked against the schema in debug builds, so every decision the test
+/// suite makes proves the context conforms; release builds skip the check
+/// (it copied the context twice). INVARIANT: skipping it never widens a
+/// decision: a value of the wrong type makes a policy error, and any error
+/// is a `policy_error` deny.
+fn request(
+    schema: &cedar_policy::Schema,
+    principal: &EntityUid,
+    action: &EntityUid,
+    resource: &EntityUid,
+    context: Context,
+) -> Result<Request, DecideError> {
+    let check = cfg!(debug_assertions).then_some(schema);
+    Request::new(
+        principal.clone(),
+        action.clone(),
+        resource.clone(),
+        context,
+        check,
+    )
+    .map_err(|e| DecideError::Request(e.to_string()))
 }
 
 impl PolicyEngine {
@@ -86,24 +126,16 @@ impl PolicyEngine {
             (None, _) => uid("Tool", &tool.name)?,
         };
 
-        let entities = self.request_entities(call.caller, call.entities, &principal, &tenant)?;
+        let entities =
+            self.request_entities(call.caller, call.entities, &principal, &tenant, &action)?;
         if entities.get(&resource).is_none() {
             return Err(DecideError::ResourceNotFound(resource.to_string()));
         }
 
         let input = tool.input_type.project(call.arguments)?;
         let evaluate = |approved: bool| -> Result<Evaluation, DecideError> {
-            let context = context_json(call, &input, approved);
-            let context = Context::from_json_value(context, Some((&self.schema, &action)))
-                .map_err(|e| DecideError::Request(e.to_string()))?;
-            let request = Request::new(
-                principal.clone(),
-                action.clone(),
-                resource.clone(),
-                context,
-                Some(&self.schema),
-            )
-            .map_err(|e| DecideError::Request(e.to_string()))?;
+            let context = self.context(call, &input, approved, &action)?;
+            let request = request(&self.schema, &principal, &action, &resource, context)?;
             Ok(evaluate(&self.policies, &action, &request, &entities))
         };
 
@@ -162,7 +194,9 @@ impl PolicyEngine {
         supplied_json: Option<&Value>,
         principal: &EntityUid,
         tenant: &EntityUid,
+        action: &EntityUid,
     ) -> Result<Entities, DecideError> {
+        let base = self.static_entities.for_action(action);
         let roles = caller
             .roles
             .iter()
@@ -178,7 +212,7 @@ impl PolicyEngine {
             .map_err(|e| DecideError::Request(e.to_string()))?;
         let tenant_entity = Entity::new_no_attrs(tenant.clone(), HashSet::new());
         let mut extra = vec![user];
-        if self.static_entities.get(tenant).is_none() {
+        if base.get(tenant).is_none() {
             extra.push(tenant_entity);
         }
         if let Some(json) = supplied_json {
@@ -191,23 +225,44 @@ impl PolicyEngine {
             // action only as the schema declares it). `Entities::from_json_value`
             // would also materialise every action of the schema on every
             // call: thousands of entities for a deployment of thousands of tools.
+            // Explicit forms are converted directly (see `values`); if any
+            // item is in another form, or the converted set does not fit the
+            // schema, Cedar's parser reads them all and has the last word.
+            let fast: Option<Vec<Entity>> = items.iter().map(values::entity).collect();
+            if let Some(fast) = fast {
+                let mut with_fast = extra.clone();
+                with_fast.extend(fast);
+                if let Ok(entities) = with_entities(base, &self.schema, principal, with_fast) {
+                    return Ok(entities);
+                }
+            }
             for item in items {
                 let entity = Entity::from_json_value(item.clone(), Some(&self.schema))
                     .map_err(|e| DecideError::Entities(e.to_string()))?;
-                // The principal comes from the auth context alone (DESIGN §1).
-                if entity.uid() == *principal {
-                    return Err(DecideError::Entities(format!(
-                        "entities must not define the principal `{principal}`"
-                    )));
-                }
                 extra.push(entity);
             }
         }
-        self.static_entities
-            .clone()
-            .add_entities(extra, Some(&self.schema))
-            .map_err(|e| DecideError::Entities(e.to_string()))
+        with_entities(base, &self.schema, principal, extra)
     }
+}
+
+/// `base` plus `extra`, checked against the schema; none of `extra` may be
+/// the principal, which comes from the auth context alone (DESIGN §1).
+fn with_entities(
+    base: &Entities,
+    schema: &cedar_policy::Schema,
+    principal: &EntityUid,
+    extra: Vec<Entity>,
+) -> Result<Entities, DecideError> {
+    // The caller's own principal entity is first; any other is supplied.
+    if extra.iter().skip(1).any(|e| e.uid() == *principal) {
+        return Err(DecideError::Entities(format!(
+            "entities must not define the principal `{principal}`"
+        )));
+    }
+    base.clone()
+        .add_entities(extra, Some(schema))
+        .map_err(|e| DecideError::Entities(e.to_string()))
 }
 
 fn context_json(call: &ToolCall<'_>, input: &Value, approved: bool) -> Value {
@@ -229,6 +284,55 @@ fn context_json(call: &ToolCall<'_>, input: &Value, approved: bool) -> Value {
     c.insert("session".into(), call.caller.session_id.clone().into());
     c.insert("input".into(), input.clone());
     Value::Object(c)
+}
+
+impl PolicyEngine {
+    /// The context of a tool call (DESIGN §3.2), built as Cedar values; the
+    /// request checks it against the action's context type.
+    fn context(
+        &self,
+        call: &ToolCall<'_>,
+        input: &Value,
+        approved: bool,
+        action: &EntityUid,
+    ) -> Result<Context, DecideError> {
+        let request_error = |e: &dyn std::fmt::Display| DecideError::Request(e.to_string());
+        let Some(input) = values::restricted(input) else {
+            // The projection only writes explicit forms; should that ever
+            // change, Cedar's parser still reads what it wrote.
+            return Context::from_json_value(
+                context_json(call, input, approved),
+                Some((&self.schema, action)),
+            )
+            .map_err(|e| request_error(&e));
+        };
+        let scopes = call
+            .caller
+            .scopes
+            .iter()
+            .map(|s| RestrictedExpression::new_string(s.clone()));
+        Context::from_pairs([
+            ("scopes".to_owned(), RestrictedExpression::new_set(scopes)),
+            (
+                "risk".to_owned(),
+                RestrictedExpression::new_string(call.tool.risk.as_str().to_owned()),
+            ),
+            (
+                "approved".to_owned(),
+                RestrictedExpression::new_bool(approved),
+            ),
+            (
+                "agent".to_owned(),
+                RestrictedExpression::new_string(call.caller.agent_id.clone()),
+            ),
+            (
+                "session".to_owned(),
+                RestrictedExpression::new_string(call.caller.session_id.clone()),
+            ),
+            ("input".to_owned(), input),
+        ])
+        .map_err(|e| request_error(&e))
+    }
 }
 
 impl PolicyEngine {
@@ -267,7 +371,7 @@ impl PolicyEngine {
         ]);
         let approval_entity = Entity::new(resource.clone(), attrs, HashSet::new())
             .map_err(|e| DecideError::Request(e.to_string()))?;
-        let mut entities = self.request_entities(approver, None, &principal, &tenant)?;
+        let mut entities = self.request_entities(approver, None, &principal, &tenant, &action)?;
         entities = entities
             .add_entities([approval_entity], Some(&self.schema))
             .map_err(|e| DecideError::Request(e.to_string()))?;
@@ -328,6 +432,50 @@ mod tests {
                        "status": "delivered", "total_cents": 50000}},
             action
         ])
+    }
+
+    /// A request's entity base keeps the generated entities its slice names
+    /// as literals: another action's group and another tool's attributes
+    /// are still seen by a condition (see `reach.rs`).
+    #[test]
+    fn literals_of_other_actions_and_tools_are_evaluated() {
+        let (_tmp, dir) = crate::policy::test_support::examples();
+        std::fs::write(
+            dir.join("probe.cedar"),
+            r#"@id("literal-probe")
+@reason("probe")
+forbid (principal, action == Action::"refund_order", resource)
+when { Action::"delete_account" in Action::"risk:destructive" && Tool::"search_docs".risk == "read" };
+"#,
+        )
+        .unwrap();
+        let engine = PolicyEngine::load(&dir).unwrap();
+        let caller = bob();
+        let tool = engine.tools().get("refund_order").unwrap();
+        let args =
+            json!({"order_id": "ord_1", "amount_cents": 500, "currency": "USD", "reason": "late"});
+        let entities = json!([
+            {"uid": {"type": "Order", "id": "ord_1"}, "parents": [{"type": "Tenant", "id": "acme"}],
+             "attrs": {"tenant": {"__entity": {"type": "Tenant", "id": "acme"}},
+                       "owner": {"__entity": {"type": "User", "id": "alice"}},
+                       "status": "delivered", "total_cents": 50000}}
+        ]);
+        let decision = engine
+            .decide_tool_call(&ToolCall {
+                caller: &caller,
+                tool,
+                arguments: &args,
+                entities: Some(&entities),
+                approved: false,
+            })
+            .unwrap();
+        assert_eq!(
+            decision,
+            PolicyDecision::Deny {
+                policies: vec!["literal-probe".into()],
+                reason: Some("probe".into())
+            }
+        );
     }
 
     /// Slicing relies on the action hierarchy being the schema's: supplied

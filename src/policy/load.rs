@@ -13,6 +13,7 @@ use miette::Diagnostic;
 use sha2::{Digest, Sha256};
 
 use super::diagnostic::codes;
+use super::reach::RequestBases;
 use super::schema::{GENERATED_ENTITY_TYPES, core_fragment, tool_actions_fragment};
 use super::slice::PolicySlices;
 use super::{PolicyEngine, SourceDiagnostic};
@@ -388,6 +389,8 @@ impl PolicyEngine {
             })?;
 
         let policies = PolicySlices::build(policies, &action_entities)
+            .map_err(|e| LoadErrors::one(dir, SourceDiagnostic::whole_file(dir, e.to_string())))?;
+        let static_entities = RequestBases::build(static_entities, &action_entities, &policies)
             .map_err(|e| LoadErrors::one(dir, SourceDiagnostic::whole_file(dir, e.to_string())))?;
 
         hashed.extend(sources);

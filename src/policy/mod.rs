@@ -25,13 +25,44 @@ mod decide;
 mod diagnostic;
 mod load;
 pub mod plain;
+mod reach;
 mod reload;
 pub mod schema;
 mod slice;
+mod values;
 mod watch;
 
 #[cfg(test)]
 mod cedar_conformance_tests;
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::{Path, PathBuf};
+
+    fn copy_dir(src: &Path, dst: &Path) {
+        std::fs::create_dir_all(dst).unwrap();
+        for entry in std::fs::read_dir(src).unwrap() {
+            let entry = entry.unwrap();
+            let to = dst.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy_dir(&entry.path(), &to);
+            } else {
+                std::fs::copy(entry.path(), to).unwrap();
+            }
+        }
+    }
+
+    /// A copy of the example `policies/` in a temporary folder, to edit.
+    pub(crate) fn examples() -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("policies");
+        copy_dir(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("policies"),
+            &dir,
+        );
+        (tmp, dir)
+    }
+}
 
 pub use decide::{DecideError, PolicyDecision, ToolCall};
 pub use diagnostic::{Severity, SourceDiagnostic, codes, line_column};
@@ -39,8 +70,9 @@ pub use load::{LoadErrors, PolicyLoadError};
 pub use reload::{PolicyReloader, PolicyStatus, ReloadFailure, ReloadMetrics, ReloadOutcome};
 pub use watch::{ReloadTriggers, start_reloads};
 
-use cedar_policy::{Entities, Schema};
+use cedar_policy::Schema;
 
+use self::reach::RequestBases;
 use self::slice::PolicySlices;
 
 use crate::tools::ToolRegistry;
@@ -51,7 +83,8 @@ pub struct PolicyEngine {
     schema: Schema,
     /// Every policy, and per action the slice a decision evaluates.
     policies: PolicySlices,
-    static_entities: Entities,
+    /// The static entities, and per action the part a request can reach.
+    static_entities: RequestBases,
     schema_text: String,
     version: String,
     warnings: Vec<SourceDiagnostic>,

@@ -229,28 +229,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
 
-    fn copy_dir(src: &Path, dst: &Path) {
-        std::fs::create_dir_all(dst).unwrap();
-        for entry in std::fs::read_dir(src).unwrap() {
-            let entry = entry.unwrap();
-            let to = dst.join(entry.file_name());
-            if entry.file_type().unwrap().is_dir() {
-                copy_dir(&entry.path(), &to);
-            } else {
-                std::fs::copy(entry.path(), to).unwrap();
-            }
-        }
-    }
-
-    fn examples() -> (tempfile::TempDir, PathBuf) {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("policies");
-        copy_dir(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("policies"),
-            &dir,
-        );
-        (tmp, dir)
-    }
+    use super::super::test_support::examples;
 
     #[test]
     fn a_broken_set_keeps_the_last_good_one_and_says_where() {
