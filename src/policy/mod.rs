@@ -35,34 +35,6 @@ mod watch;
 #[cfg(test)]
 mod cedar_conformance_tests;
 
-#[cfg(test)]
-pub(crate) mod test_support {
-    use std::path::{Path, PathBuf};
-
-    fn copy_dir(src: &Path, dst: &Path) {
-        std::fs::create_dir_all(dst).unwrap();
-        for entry in std::fs::read_dir(src).unwrap() {
-            let entry = entry.unwrap();
-            let to = dst.join(entry.file_name());
-            if entry.file_type().unwrap().is_dir() {
-                copy_dir(&entry.path(), &to);
-            } else {
-                std::fs::copy(entry.path(), to).unwrap();
-            }
-        }
-    }
-
-    /// A copy of the example `policies/` in a temporary folder, to edit.
-    pub(crate) fn examples() -> (tempfile::TempDir, PathBuf) {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("policies");
-        copy_dir(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("policies"),
-            &dir,
-        );
-        (tmp, dir)
-    }
-}
 
 pub use decide::{DecideError, PolicyDecision, ToolCall};
 pub use diagnostic::{Severity, SourceDiagnostic, codes, line_column};
@@ -148,5 +120,34 @@ impl PolicyEngine {
     #[must_use]
     pub fn largest_slice(&self) -> usize {
         self.policies.largest_slice()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::{Path, PathBuf};
+
+    fn copy_dir(src: &Path, dst: &Path) {
+        std::fs::create_dir_all(dst).unwrap();
+        for entry in std::fs::read_dir(src).unwrap() {
+            let entry = entry.unwrap();
+            let to = dst.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy_dir(&entry.path(), &to);
+            } else {
+                std::fs::copy(entry.path(), to).unwrap();
+            }
+        }
+    }
+
+    /// A copy of the example `policies/` in a temporary folder, to edit.
+    pub(crate) fn examples() -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("policies");
+        copy_dir(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("policies"),
+            &dir,
+        );
+        (tmp, dir)
     }
 }
