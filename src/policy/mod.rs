@@ -35,7 +35,6 @@ mod watch;
 #[cfg(test)]
 mod cedar_conformance_tests;
 
-
 pub use decide::{DecideError, PolicyDecision, ToolCall};
 pub use diagnostic::{Severity, SourceDiagnostic, codes, line_column};
 pub use load::{LoadErrors, PolicyLoadError};
