@@ -511,16 +511,16 @@ mod tests {
                 health_interval: Duration::from_millis(250),
             }
         );
-        assert_eq!(
-            c.store_settings.call_bound(),
-            Duration::from_millis(2000)
-        );
+        assert_eq!(c.store_settings.call_bound(), Duration::from_millis(2000));
         let c = Config::from_raw(
             toml::from_str("[store]\npool_size = 2\n").unwrap(),
             Overrides::default(),
         )
         .unwrap();
-        assert_eq!((c.store.as_str(), c.store_settings.pool_size), (DEFAULT_STORE, 2));
+        assert_eq!(
+            (c.store.as_str(), c.store_settings.pool_size),
+            (DEFAULT_STORE, 2)
+        );
         for (text, key) in [
             ("pool_size = 0", "store.pool_size"),
             ("connect_timeout_ms = 0", "store.connect_timeout_ms"),

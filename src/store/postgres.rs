@@ -43,7 +43,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
+};
 use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, NoTls, Row};
@@ -236,7 +238,10 @@ impl PostgresStore {
 
     /// The approval with this id, whatever its tenant: for the relay, which
     /// publishes it to the watchers of its own tenant only.
-    async fn approval_by_id(&self, approval_id: &str) -> Result<Option<ApprovalRecord>, StoreError> {
+    async fn approval_by_id(
+        &self,
+        approval_id: &str,
+    ) -> Result<Option<ApprovalRecord>, StoreError> {
         self.run(|client| async move {
             let sql = format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE approval_id = $1");
             let stmt = client.prepare_cached(&sql).await?;
@@ -1044,9 +1049,9 @@ mod tests {
         let starts: Vec<_> = (0..6)
             .map(|_| {
                 let url = schema.0.url().to_owned();
-                tokio::spawn(async move {
-                    PostgresStore::connect(&url, StoreSettings::default()).await
-                })
+                tokio::spawn(
+                    async move { PostgresStore::connect(&url, StoreSettings::default()).await },
+                )
             })
             .collect();
         for s in starts {
@@ -1073,7 +1078,13 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, StoreError::SchemaTooNew { found: 99, known: 1 }),
+            matches!(
+                err,
+                StoreError::SchemaTooNew {
+                    found: 99,
+                    known: 1
+                }
+            ),
             "{err}"
         );
     }
@@ -1099,23 +1110,90 @@ mod tests {
         assert!(err.is_err());
     }
 
-    #[tokio::test]
-    async fn an_unreachable_database_fails_within_the_connect_timeout() {
-        // A port nothing listens on: refused at once; and a non-routable
-        // connect bounded by the timeout is covered by the outage test.
-        let settings = StoreSettings {
+    fn short() -> StoreSettings {
+        StoreSettings {
             connect_timeout: Duration::from_millis(300),
+            statement_timeout: Duration::from_millis(500),
             ..StoreSettings::default()
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn a_server_that_never_answers_fails_within_the_connect_timeout() {
+        // Accepts the TCP connection, then says nothing: the login hangs.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = silent.accept().await {
+                open.push(socket);
+            }
+        });
         let started = std::time::Instant::now();
-        let err = PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", settings)
-            .await
-            .unwrap_err();
+        let err = PostgresStore::connect(
+            &format!("postgres://postgres@127.0.0.1:{port}/test"),
+            short(),
+        )
+        .await
+        .unwrap_err();
         assert!(
-            matches!(err, StoreError::Postgres(_) | StoreError::Pool(_)),
+            matches!(
+                err,
+                StoreError::Postgres(_) | StoreError::Pool(_) | StoreError::Timeout { .. }
+            ),
             "{err}"
         );
-        assert!(started.elapsed() < settings.call_bound() * 2);
+        assert!(
+            started.elapsed() < short().call_bound() * 2,
+            "{:?}",
+            started.elapsed()
+        );
+        held.abort();
+    }
+
+    #[tokio::test]
+    async fn a_transaction_stuck_on_a_lock_ends_at_the_statement_timeout() {
+        let Some(schema) = schema().await else { return };
+        let store = PostgresStore::connect(schema.0.url(), short())
+            .await
+            .unwrap();
+        let mut admin = schema.0.admin().await.unwrap();
+        let blocker = admin.transaction().await.unwrap();
+        blocker
+            .batch_execute(&format!(
+                "LOCK TABLE {0}.executions, {0}.approvals IN ACCESS EXCLUSIVE MODE",
+                schema.0.name()
+            ))
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let err = store
+            .begin_execution(Begin {
+                id: ExecutionId {
+                    tenant_id: "acme".into(),
+                    idempotency_key: "k".into(),
+                },
+                tool: "t".into(),
+                arguments_sha256: "aa".into(),
+                lease_ms: 10,
+                max_attempts: 1,
+                now: 0,
+            })
+            .await
+            .unwrap_err();
+        let took = started.elapsed();
+        assert!(
+            matches!(&err, StoreError::Postgres(e) if e.code() == Some(&SqlState::QUERY_CANCELED)),
+            "{err}"
+        );
+        assert!(
+            took >= Duration::from_millis(450) && took < short().call_bound() * 2,
+            "{took:?}"
+        );
+        let err = store.get_approval("t1", "a1").await.unwrap_err();
+        assert!(matches!(err, StoreError::Postgres(_)), "{err}");
+        blocker.rollback().await.unwrap();
+        assert_eq!(store.get_approval("t1", "a1").await.unwrap(), None);
     }
 
     /// A transition whose update expects a revision the record is not at.
@@ -1218,7 +1296,10 @@ mod tests {
             )
             .await
             .unwrap();
-        there.consume_approval("t1", "theirs", "k1", 2).await.unwrap();
+        there
+            .consume_approval("t1", "theirs", "k1", 2)
+            .await
+            .unwrap();
         there.expire_due(100_000).await.unwrap();
         let mut got = Vec::new();
         for _ in 0..4 {

@@ -344,7 +344,12 @@ pub async fn fencing_tokens_strictly_increase_across_connections(backend: &dyn B
         tasks.push(tokio::spawn(async move {
             let key = format!("k{i}");
             let first = store.begin_execution(begin("acme", &key, 0)).await.unwrap();
-            let step = complete(&key, first.fencing_token, Completion::FailedRetryable(None), 1);
+            let step = complete(
+                &key,
+                first.fencing_token,
+                Completion::FailedRetryable(None),
+                1,
+            );
             store.complete_execution(step).await.unwrap();
             let second = store.begin_execution(begin("acme", &key, 2)).await.unwrap();
             assert_eq!(
@@ -409,7 +414,12 @@ pub async fn the_first_decision_wins_and_expiry_sweeps_what_is_due(backend: &dyn
         panic!("{first:?}")
     };
     assert_eq!(
-        (r.status, r.expires_at, r.decided_by.as_deref(), r.decided_at),
+        (
+            r.status,
+            r.expires_at,
+            r.decided_by.as_deref(),
+            r.decided_at
+        ),
         (ApprovalStatus::Approved, 500, Some("dana"), Some(5))
     );
     assert_eq!(r.reason.as_deref(), Some("ok"));
@@ -420,7 +430,10 @@ pub async fn the_first_decision_wins_and_expiry_sweeps_what_is_due(backend: &dyn
     let DecideOutcome::AlreadyDecided(r) = second else {
         panic!("{second:?}")
     };
-    assert_eq!((r.status, r.decided_by.as_deref()), (ApprovalStatus::Approved, Some("dana")));
+    assert_eq!(
+        (r.status, r.decided_by.as_deref()),
+        (ApprovalStatus::Approved, Some("dana"))
+    );
     assert_eq!(
         store
             .decide_approval("t2", "a1", decision(true, "x", 6))
@@ -467,7 +480,13 @@ pub async fn the_first_decision_wins_and_expiry_sweeps_what_is_due(backend: &dyn
     let one = store.list_approvals("t1", None, None, 1).await.unwrap();
     assert_eq!(one.len(), 1);
     assert_eq!(one[0].approval_id, "a1");
-    assert!(store.list_approvals("t2", None, None, 10).await.unwrap().is_empty());
+    assert!(
+        store
+            .list_approvals("t2", None, None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 /// Only an approved, unexpired approval is consumed, by its first key; the
@@ -503,7 +522,10 @@ pub async fn an_approval_is_consumed_by_the_first_key_only(backend: &dyn Backend
         ApprovalUse::NotUsable
     );
     assert_eq!(
-        store.consume_approval("t1", "a1", "k1", 1000).await.unwrap(),
+        store
+            .consume_approval("t1", "a1", "k1", 1000)
+            .await
+            .unwrap(),
         ApprovalUse::NotUsable
     );
     assert_eq!(
@@ -591,7 +613,10 @@ pub async fn one_pending_approval_per_call_across_connections(backend: &dyn Back
         created += usize::from(new);
     }
     assert_eq!((ids.len(), created), (1, 1), "{ids:?}");
-    let listed = stores[0].list_approvals("t1", None, None, 100).await.unwrap();
+    let listed = stores[0]
+        .list_approvals("t1", None, None, 100)
+        .await
+        .unwrap();
     assert_eq!(listed.len(), 1);
 }
 
@@ -652,7 +677,10 @@ pub async fn an_approval_is_consumed_once_across_connections(backend: &dyn Backe
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
             let key = format!("k{i}");
-            (key.clone(), store.consume_approval("t1", "a1", &key, 2).await.unwrap())
+            (
+                key.clone(),
+                store.consume_approval("t1", "a1", &key, 2).await.unwrap(),
+            )
         }));
     }
     let mut first = Vec::new();

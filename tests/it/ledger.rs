@@ -870,7 +870,9 @@ async fn executor_mistakes_are_invalid_argument_with_bad_request_details() {
     server.stop().await;
 }
 
-async fn authorize_with_begin_execution_begins_an_allowed_call_in_the_same_round_trip(backend: Backend) {
+async fn authorize_with_begin_execution_begins_an_allowed_call_in_the_same_round_trip(
+    backend: Backend,
+) {
     let clock = ManualClock::new(T0);
     let server = TestServer::start_with_clock_on(backend, clock.clone()).await;
     let mut client = server.client().await;

@@ -118,7 +118,7 @@ pub struct TestServer {
     /// (unused on PostgreSQL).
     pub db_path: PathBuf,
     /// The server's PostgreSQL schema, dropped with the server.
-    pub schema: Option<ScratchSchema>,
+    _schema: Option<ScratchSchema>,
     /// The server's live policy set and its reloads.
     pub policies: Arc<PolicyReloader>,
     stop: Option<oneshot::Sender<()>>,
@@ -278,7 +278,7 @@ impl TestServer {
         Self {
             addr,
             db_path,
-            schema,
+            _schema: schema,
             policies: reloader,
             stop: Some(stop),
             task: Some(task),
