@@ -412,11 +412,23 @@ async fn migrate(mut client: Object) -> Result<(), Failure> {
         &[&MIGRATION_LOCK],
     )
     .await?;
-    tx.batch_execute(
-        "CREATE TABLE IF NOT EXISTS schema_version (\
-         singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton), version BIGINT NOT NULL)",
-    )
-    .await?;
+    // Created only when missing, so a role without CREATE rights can start
+    // on a schema another role migrated.
+    let exists: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_tables \
+             WHERE schemaname = current_schema() AND tablename = 'schema_version')",
+            &[],
+        )
+        .await?
+        .get(0);
+    if !exists {
+        tx.batch_execute(
+            "CREATE TABLE schema_version (\
+             singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton), version BIGINT NOT NULL)",
+        )
+        .await?;
+    }
     let current: i64 = tx
         .query_opt("SELECT version FROM schema_version", &[])
         .await?
@@ -1087,6 +1099,67 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    /// The README's split: a role that owns the schema migrates it, the
+    /// fleet runs as a role with row rights only, and serves.
+    #[tokio::test]
+    async fn a_role_with_row_rights_only_serves_a_schema_another_role_migrated() {
+        if schema().await.is_none() {
+            return;
+        }
+        let mut owned = ScratchSchema::create_with_role(&scratch::test_url())
+            .await
+            .unwrap();
+        let owner = connect(owned.url()).await;
+        drop(owner);
+        let app_url = owned.create_app_role().await.unwrap();
+        let app = connect(&app_url).await;
+        let events = Arc::new(ApprovalEvents::default());
+        let relay = app.relay_approval_events(events).await.unwrap().unwrap();
+        let (approval, created) = app
+            .pending_approval_for_call(new_approval("a1", 0), 0)
+            .await
+            .unwrap();
+        assert!(created);
+        assert_eq!(approval.status, ApprovalStatus::Pending);
+        let begun = app
+            .begin_execution(Begin {
+                id: ExecutionId {
+                    tenant_id: "acme".into(),
+                    idempotency_key: "k".into(),
+                },
+                tool: "t".into(),
+                arguments_sha256: "aa".into(),
+                lease_ms: 10,
+                max_attempts: 1,
+                now: 0,
+            })
+            .await
+            .unwrap();
+        assert_eq!(begun.outcome, crate::ledger::BeginOutcome::Acquired);
+        // And it may not change the schema.
+        let admin = owned.admin().await.unwrap();
+        let can_create: bool = admin
+            .query_one(
+                "SELECT has_schema_privilege($1, $2, 'CREATE')",
+                &[&format!("{}_app", owned.name()), &owned.name()],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(!can_create);
+        // The relay's session is the app role's, not the owner's.
+        let sessions: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE usename = $1",
+                &[&format!("{}_app", owned.name())],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(sessions >= 1);
+        relay.abort();
     }
 
     #[tokio::test]

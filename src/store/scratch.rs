@@ -30,6 +30,7 @@ pub struct ScratchSchema {
     name: String,
     url: String,
     role: bool,
+    app_role: bool,
 }
 
 impl ScratchSchema {
@@ -76,6 +77,7 @@ impl ScratchSchema {
             name,
             url,
             role,
+            app_role: false,
         })
     }
 
@@ -93,6 +95,27 @@ impl ScratchSchema {
         &self.name
     }
 
+    /// Creates the role `<name>_app`, which may log in, use the schema and
+    /// read and write the rows of its tables (and draw from its sequences),
+    /// nothing more; returns the schema's URL as that role. Call it after
+    /// the tables exist.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the server refuses.
+    pub async fn create_app_role(&mut self) -> Result<String, StoreError> {
+        let (schema, app) = (&self.name, format!("{}_app", self.name));
+        let admin = connect(&self.admin_url).await?;
+        admin
+            .batch_execute(&format!(
+                "CREATE ROLE {app} LOGIN; GRANT USAGE ON SCHEMA {schema} TO {app}; \
+                 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {schema} TO {app}; \
+                 GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {app}"
+            ))
+            .await?;
+        self.app_role = true;
+        Ok(format!("{}&user={app}", self.url))
+    }
+
     /// A new admin connection to the server.
     ///
     /// # Errors
@@ -108,6 +131,13 @@ impl ScratchSchema {
              DROP SCHEMA IF EXISTS {0} CASCADE;",
             self.name
         );
+        if self.app_role {
+            sql.push_str(&format!(
+                " SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{0}_app'; \
+                 DROP ROLE IF EXISTS {0}_app;",
+                self.name
+            ));
+        }
         if self.role {
             sql.push_str(&format!(" DROP ROLE IF EXISTS {};", self.name));
         }
