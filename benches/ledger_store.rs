@@ -16,14 +16,12 @@
     reason = "only serde_json::Value is indexed here, which yields Null and never panics"
 )]
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tonic::transport::{Channel, Endpoint};
 
@@ -35,45 +33,6 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const RESULT: &str = r#"{"refund_id":"re_1","amount_cents":2500}"#;
 const CONCURRENCY: [usize; 2] = [1, 32];
-
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The real sidecar on `store`, and its address.
-fn start_toolgate(store: &str) -> Result<(ChildGuard, SocketAddr), BoxError> {
-    let policies = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
-        .arg("serve")
-        .arg("--policies")
-        .arg(policies)
-        .args(["--listen", "127.0.0.1:0", "--store", store])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let stderr = child.stderr.take().ok_or("no stderr")?;
-    let guard = ChildGuard(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    // Drains the log for the sidecar's whole life.
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let listen = serde_json::from_str::<Value>(&line)
-                .ok()
-                .and_then(|v| v["fields"]["listen"].as_str().map(str::to_owned));
-            if let Some(listen) = listen {
-                let _ = tx.send(listen);
-            }
-        }
-    });
-    let listen = rx.recv_timeout(Duration::from_secs(60))?;
-    Ok((guard, listen.parse()?))
-}
 
 fn hex(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
@@ -220,7 +179,7 @@ fn main() -> Result<(), BoxError> {
             stores.push(("postgres", s.url().to_owned()));
         }
         for (name, url) in stores {
-            let (_sidecar, addr) = start_toolgate(&url)?;
+            let (_sidecar, addr) = common::start_sidecar(&url)?;
             // Warm up: connections, the pool, prepared statements.
             measure(addr, 4, 1.0, &format!("{name}-warm")).await?;
             for clients in CONCURRENCY {

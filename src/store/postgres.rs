@@ -1002,7 +1002,7 @@ mod tests {
     use super::*;
     use crate::ledger::{Begin, ExecutionId};
     use crate::store::scratch::{self, ScratchSchema};
-    use crate::store::suite::{Backend, new_approval};
+    use crate::store::suite::{self, Backend, new_approval};
 
     /// A fresh schema of the test server; every store opened on it is
     /// another replica's pool.
@@ -1269,47 +1269,11 @@ mod tests {
         assert_eq!(store.get_approval("t1", "a1").await.unwrap(), None);
     }
 
-    /// A transition whose update expects a revision the record is not at.
-    #[derive(Debug)]
-    struct Stale(ExecutionId);
-
-    impl Transition for Stale {
-        type Answer = ();
-        fn id(&self) -> &ExecutionId {
-            &self.0
-        }
-        fn apply(&self, current: Option<&ExecutionRecord>, next: u64) -> ((), Write) {
-            let mut record = current.unwrap().clone();
-            record.fencing_token = next;
-            record.revision = 99;
-            let write = Write::Update {
-                record,
-                previous_revision: 98,
-            };
-            ((), write)
-        }
-    }
-
     #[tokio::test]
     async fn an_update_of_a_changed_record_is_a_conflict_and_writes_nothing() {
         let Some(schema) = schema().await else { return };
         let store = connect(schema.0.url()).await;
-        let id = ExecutionId {
-            tenant_id: "acme".into(),
-            idempotency_key: "k".into(),
-        };
-        let first = store
-            .begin_execution(Begin {
-                id: id.clone(),
-                tool: "t".into(),
-                arguments_sha256: "aa".into(),
-                lease_ms: 10,
-                max_attempts: 1,
-                now: 0,
-            })
-            .await
-            .unwrap();
-        let stale = Stale(id);
+        let (stale, first) = suite::stale_target(&store).await;
         let err = store
             .run(|client| transition(client, &stale))
             .await
@@ -1319,7 +1283,7 @@ mod tests {
             "{err}"
         );
         let r = store.get_execution("acme", "k").await.unwrap().unwrap();
-        assert_eq!((r.revision, r.fencing_token), (1, first.fencing_token));
+        assert_eq!((r.revision, r.fencing_token), (1, first));
         let admin = schema.0.admin().await.unwrap();
         let err = admin
             .execute(

@@ -605,7 +605,6 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::ledger::{Begin, ExecutionId};
     use crate::store::suite::{self, Backend, new_approval};
 
     /// A fresh SQLite file; every store opened on it is another connection.
@@ -639,48 +638,13 @@ mod tests {
         assert_eq!(r.state, crate::ledger::ExecutionState::Succeeded);
     }
 
-    /// A transition whose update expects a revision the record is not at.
-    #[derive(Debug)]
-    struct Stale(ExecutionId);
-
-    impl Transition for Stale {
-        type Answer = ();
-        fn id(&self) -> &ExecutionId {
-            &self.0
-        }
-        fn apply(&self, current: Option<&ExecutionRecord>, next: u64) -> ((), Write) {
-            let mut record = current.unwrap().clone();
-            record.fencing_token = next;
-            record.revision = 99;
-            let write = Write::Update {
-                record,
-                previous_revision: 98,
-            };
-            ((), write)
-        }
-    }
-
     #[tokio::test]
     async fn an_update_of_a_changed_record_is_a_conflict_and_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let store = store(&dir);
-        let id = ExecutionId {
-            tenant_id: "acme".into(),
-            idempotency_key: "k".into(),
-        };
-        let first = store
-            .begin_execution(Begin {
-                id: id.clone(),
-                tool: "t".into(),
-                arguments_sha256: "aa".into(),
-                lease_ms: 10,
-                max_attempts: 1,
-                now: 0,
-            })
-            .await
-            .unwrap();
+        let (stale, first) = suite::stale_target(&store).await;
         let err = store
-            .with(move |conn| transition(conn, &Stale(id)))
+            .with(move |conn| transition(conn, &stale))
             .await
             .unwrap_err();
         assert!(
@@ -688,13 +652,13 @@ mod tests {
             "{err}"
         );
         let r = store.get_execution("acme", "k").await.unwrap().unwrap();
-        assert_eq!((r.revision, r.fencing_token), (1, first.fencing_token));
+        assert_eq!((r.revision, r.fencing_token), (1, first));
         // Nor was the token counter moved: the next token follows the first.
         let conn = store.conn.lock().unwrap();
         let last: i64 = conn
             .query_row("SELECT last_token FROM ledger_fencing", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(u64::try_from(last).unwrap(), first.fencing_token);
+        assert_eq!(u64::try_from(last).unwrap(), first);
     }
 
     #[tokio::test]

@@ -233,25 +233,46 @@ pub async fn exactly_one_acquires_across_connections(backend: &dyn Backend) {
     }
 }
 
+/// `n` calls at once (released together by a barrier), spread over the
+/// stores in turn; their results in call order, each bounded by 30 s.
+async fn at_once<T, F, Fut>(stores: &[Arc<dyn Store>; 2], n: usize, call: F) -> Vec<T>
+where
+    F: Fn(Arc<dyn Store>, usize) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let barrier = Arc::clone(&barrier);
+            let work = call(Arc::clone(&stores[i % 2]), i);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                work.await
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(n);
+    for t in tasks {
+        out.push(
+            tokio::time::timeout(Duration::from_secs(30), t)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    out
+}
+
 /// The (attempt, token) of every ACQUIRED among 32 concurrent Begins.
 async fn race(stores: &[Arc<dyn Store>; 2], key: &str, now: UnixMillis) -> Vec<(u32, u64)> {
-    let barrier = Arc::new(tokio::sync::Barrier::new(32));
-    let mut tasks = Vec::new();
-    for i in 0..32 {
-        let store = Arc::clone(&stores[i % 2]);
-        let barrier = Arc::clone(&barrier);
+    let answers = at_once(stores, 32, |store, _| {
         let step = begin("acme", key, now);
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            store.begin_execution(step).await.unwrap()
-        }));
-    }
+        async move { store.begin_execution(step).await.unwrap() }
+    })
+    .await;
     let mut winners = Vec::new();
-    for t in tasks {
-        let a = tokio::time::timeout(Duration::from_secs(30), t)
-            .await
-            .unwrap()
-            .unwrap();
+    for a in answers {
         match a.outcome {
             BeginOutcome::Acquired => winners.push((a.attempt, a.fencing_token)),
             BeginOutcome::InProgress => assert_eq!(a.fencing_token, 0),
@@ -592,23 +613,16 @@ pub async fn the_same_call_gets_the_same_pending_approval_until_it_expires(backe
 /// created once.
 pub async fn one_pending_approval_per_call_across_connections(backend: &dyn Backend) {
     let stores = [backend.open().await, backend.open().await];
-    let barrier = Arc::new(tokio::sync::Barrier::new(16));
-    let mut tasks = Vec::new();
-    for i in 0..16 {
-        let store = Arc::clone(&stores[i % 2]);
-        let barrier = Arc::clone(&barrier);
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            store
-                .pending_approval_for_call(new_approval(&format!("a{i:02}"), 0), 0)
-                .await
-                .unwrap()
-        }));
-    }
+    let answers = at_once(&stores, 16, |store, i| async move {
+        store
+            .pending_approval_for_call(new_approval(&format!("a{i:02}"), 0), 0)
+            .await
+            .unwrap()
+    })
+    .await;
     let mut ids = HashSet::new();
     let mut created = 0;
-    for t in tasks {
-        let (record, new) = t.await.unwrap();
+    for (record, new) in answers {
         ids.insert(record.approval_id);
         created += usize::from(new);
     }
@@ -628,24 +642,18 @@ pub async fn the_first_of_concurrent_decisions_wins_across_connections(backend: 
         .pending_approval_for_call(new_approval("a1", 0), 0)
         .await
         .unwrap();
-    let barrier = Arc::new(tokio::sync::Barrier::new(16));
-    let mut tasks = Vec::new();
-    for i in 0..16 {
-        let store = Arc::clone(&stores[i % 2]);
-        let barrier = Arc::clone(&barrier);
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            let by = format!("approver-{i}");
-            store
-                .decide_approval("t1", "a1", decision(i % 3 != 0, &by, 5))
-                .await
-                .unwrap()
-        }));
-    }
+    let answers = at_once(&stores, 16, |store, i| async move {
+        let by = format!("approver-{i}");
+        store
+            .decide_approval("t1", "a1", decision(i % 3 != 0, &by, 5))
+            .await
+            .unwrap()
+    })
+    .await;
     let mut winners = Vec::new();
     let mut losers = Vec::new();
-    for t in tasks {
-        match t.await.unwrap() {
+    for answer in answers {
+        match answer {
             DecideOutcome::Decided(r) => winners.push(r),
             DecideOutcome::AlreadyDecided(r) => losers.push(r),
             DecideOutcome::NotFound => panic!("not found"),
@@ -669,23 +677,15 @@ pub async fn an_approval_is_consumed_once_across_connections(backend: &dyn Backe
         .decide_approval("t1", "a1", decision(true, "dana", 1))
         .await
         .unwrap();
-    let barrier = Arc::new(tokio::sync::Barrier::new(16));
-    let mut tasks = Vec::new();
-    for i in 0..16 {
-        let store = Arc::clone(&stores[i % 2]);
-        let barrier = Arc::clone(&barrier);
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            let key = format!("k{i}");
-            (
-                key.clone(),
-                store.consume_approval("t1", "a1", &key, 2).await.unwrap(),
-            )
-        }));
-    }
+    let answers = at_once(&stores, 16, |store, i| async move {
+        let key = format!("k{i}");
+        let used = store.consume_approval("t1", "a1", &key, 2).await.unwrap();
+        (key, used)
+    })
+    .await;
     let mut first = Vec::new();
-    for t in tasks {
-        match t.await.unwrap() {
+    for answer in answers {
+        match answer {
             (key, ApprovalUse::Consumed { first: true }) => first.push(key),
             (_, ApprovalUse::ConsumedByOther) => {}
             other => panic!("{other:?}"),
@@ -719,4 +719,37 @@ pub async fn each_expiry_is_swept_once_across_connections(backend: &dyn Backend)
     seen.sort();
     let expected: Vec<String> = (0..40).map(|i| format!("a{i:02}")).collect();
     assert_eq!(seen, expected);
+}
+
+/// A transition whose update expects a revision the record is not at: what
+/// a backend must refuse with `StoreError::Conflict { expected: 98 }`,
+/// writing nothing.
+#[derive(Debug)]
+pub struct Stale(pub ExecutionId);
+
+impl crate::ledger::Transition for Stale {
+    type Answer = ();
+    fn id(&self) -> &ExecutionId {
+        &self.0
+    }
+    fn apply(
+        &self,
+        current: Option<&crate::ledger::ExecutionRecord>,
+        next: u64,
+    ) -> ((), crate::ledger::Write) {
+        let mut record = current.unwrap().clone();
+        record.fencing_token = next;
+        record.revision = 99;
+        let write = crate::ledger::Write::Update {
+            record,
+            previous_revision: 98,
+        };
+        ((), write)
+    }
+}
+
+/// The record `Stale` then meets: key `k` of `acme`, just acquired.
+pub async fn stale_target(store: &dyn Store) -> (Stale, u64) {
+    let begun = store.begin_execution(begin("acme", "k", 0)).await.unwrap();
+    (Stale(id("acme", "k")), begun.fencing_token)
 }
