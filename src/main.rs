@@ -116,7 +116,8 @@ struct ServeArgs {
     /// `host:port` or `unix:/path`.
     #[arg(long, env = "TOOLGATE_LISTEN")]
     listen: Option<String>,
-    /// `sqlite:///path/file.db` (default `sqlite://toolgate-data/toolgate.db`).
+    /// `sqlite:///path/file.db` (default `sqlite://toolgate-data/toolgate.db`)
+    /// or `postgres://user@host/db` (several replicas on one database).
     #[arg(long, env = "TOOLGATE_STORE")]
     store: Option<String>,
     #[arg(long, env = "TOOLGATE_JWKS_FILE")]
@@ -374,11 +375,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             )
         })?,
     );
-    let store = toolgate::store::open(&config.store).context("opening the store")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        let store = toolgate::store::open(&config.store, config.store_settings)
+            .await
+            .context("opening the store")?;
         let ListenAddr::Tcp(addr) = &config.listen else {
             anyhow::bail!("unix socket listeners are not supported yet");
         };
@@ -426,7 +429,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             config.authorizer.violation_cap,
         ));
         let desk = Arc::new(toolgate::approval_desk::ApprovalDesk::new(
-            engine, store, clock, verifier, events,
+            engine,
+            Arc::clone(&store),
+            clock,
+            verifier,
+            events,
         ));
         let services = toolgate::grpc::Services {
             authorizer,
@@ -435,6 +442,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             ledger,
             policies,
             reload: config.reload,
+            store,
+            store_probe_interval: config.store_settings.health_interval,
         };
         toolgate::grpc::serve(listener, services, shutdown_signal()).await?;
         tracing::info!("toolgate stopped");
@@ -467,7 +476,15 @@ async fn shutdown_signal() {
 
 fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
     let engine = load_or_report(&args.policies)?;
-    let store = toolgate::store::open(&args.store).context("opening the store")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let store = runtime
+        .block_on(toolgate::store::open(
+            &args.store,
+            toolgate::store::StoreSettings::default(),
+        ))
+        .context("opening the store")?;
     let entities_json = match &args.entities {
         Some(p) => {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
@@ -498,9 +515,6 @@ fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
         entities_json,
         tool_version: String::new(),
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let outcome = runtime.block_on(authorizer.authorize(&input))?;
     let json = serde_json::json!({
         "decision": outcome.decision.as_str(),

@@ -3,11 +3,14 @@
 //!
 //! A broadcast channel: publishing never waits for a subscriber, so a slow
 //! or gone watcher cannot block a decision. A watcher that falls behind by
-//! more than the buffer learns it (`Lagged`) and must re-list.
+//! more than the buffer learns it (`Lagged`) and must re-list. Events other
+//! replicas cause arrive through the store's relay; when that relay may
+//! have missed some, it announces a gap, and every current watcher must
+//! re-list too: never a silent gap.
 
 use std::sync::Arc;
 
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 use super::ApprovalRecord;
 
@@ -31,6 +34,8 @@ pub struct ApprovalEvent {
 #[derive(Debug, Clone)]
 pub struct ApprovalEvents {
     tx: broadcast::Sender<Arc<ApprovalEvent>>,
+    /// How many gaps were announced so far.
+    gaps: Arc<watch::Sender<u64>>,
 }
 
 impl ApprovalEvents {
@@ -38,7 +43,10 @@ impl ApprovalEvents {
     #[must_use]
     pub fn new(capacity: usize) -> Self {
         let (tx, _) = broadcast::channel(capacity.max(1));
-        Self { tx }
+        Self {
+            tx,
+            gaps: Arc::new(watch::Sender::new(0)),
+        }
     }
 
     /// Announces an event; `consumed_by` fills in the consuming key for
@@ -61,6 +69,19 @@ impl ApprovalEvents {
     #[must_use]
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<ApprovalEvent>> {
         self.tx.subscribe()
+    }
+
+    /// Tells every current watcher that events may have been missed (the
+    /// feed from other replicas was interrupted): each must list again.
+    pub fn announce_gap(&self) {
+        self.gaps.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Changes whenever a gap is announced after this call; take it
+    /// together with [`Self::subscribe`].
+    #[must_use]
+    pub fn gaps(&self) -> watch::Receiver<u64> {
+        self.gaps.subscribe()
     }
 }
 

@@ -22,6 +22,7 @@ use crate::approval_desk::ApprovalDesk;
 use crate::authorizer::ToolCallAuthorizer;
 use crate::ledger_desk::LedgerDesk;
 use crate::policy::{PolicyReloader, ReloadTriggers};
+use crate::store::{Store, StoreError};
 
 /// The generated wire types, private to the crate except through `pb`.
 #[allow(
@@ -46,6 +47,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("the approval event relay: {0}")]
+    Store(#[from] StoreError),
 }
 
 /// The domain services the gRPC surface translates for.
@@ -62,14 +65,21 @@ pub struct Services {
     pub policies: Arc<PolicyReloader>,
     /// What reloads it while the server runs.
     pub reload: ReloadTriggers,
+    /// The store the desks share: health follows it, and a shared one
+    /// relays other replicas' approval events to this server's watchers.
+    pub store: Arc<dyn Store>,
+    /// How often health asks the store whether it answers.
+    pub store_probe_interval: std::time::Duration,
 }
 
 /// Serves every toolgate service, health and reflection on `listener` until
 /// `shutdown` resolves. Used by `main` and by the tests alike.
 ///
 /// Health reports NOT_SERVING until the services are wired to a loaded
-/// policy set, SERVING after. The policy reloader runs for as long as the
-/// server does.
+/// policy set, SERVING after; then, for the whole server and each service
+/// that needs the store, NOT_SERVING while the store does not answer. The
+/// policy reloader, and the relay of other replicas' approval events, run
+/// for as long as the server does.
 ///
 /// # Errors
 /// [`ServeError`] when the transport fails.
@@ -99,7 +109,13 @@ pub async fn serve(
         ledger,
         policies,
         reload,
+        store,
+        store_probe_interval,
     } = services;
+    // Before anything is served, so no watcher subscribes before it listens.
+    let relay = store
+        .relay_approval_events(Arc::clone(desk.events()))
+        .await?;
     let authorization = AuthorizationServiceServer::new(authorization::AuthorizationApi::new(
         authorizer,
         Arc::clone(&ledger),
@@ -111,8 +127,10 @@ pub async fn serve(
         shutdown.await;
         let _ = stopping_tx.send(true);
     };
-    let approvals =
-        ApprovalServiceServer::new(approval::ApprovalApi::new(Arc::clone(&desk), stopping));
+    let approvals = ApprovalServiceServer::new(approval::ApprovalApi::new(
+        Arc::clone(&desk),
+        stopping.clone(),
+    ));
     // Expiry needs nobody to ask: a background sweep, stopped with the server.
     let sweeper = tokio::spawn(async move {
         let mut tick = tokio::time::interval(expiry_interval);
@@ -160,6 +178,12 @@ pub async fn serve(
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
+    let probe = tokio::spawn(follow_store(
+        store,
+        reporter.clone(),
+        store_probe_interval,
+        stopping,
+    ));
 
     // TCP_NODELAY: without it a response's last frame waits for the
     // client's delayed ACK, some 40 ms on every call.
@@ -176,6 +200,63 @@ pub async fn serve(
     sweeper.abort();
     collector.abort();
     reloads.abort();
+    probe.abort();
+    if let Some(relay) = relay {
+        relay.abort();
+    }
     result?;
     Ok(())
+}
+
+/// Health follows the store: NOT_SERVING for the whole server and for each
+/// service that needs the store while it does not answer, SERVING again once
+/// it does; stops when the server starts shutting down.
+async fn follow_store(
+    store: Arc<dyn Store>,
+    reporter: tonic_health::server::HealthReporter,
+    every: std::time::Duration,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) {
+    use pb::approval_service_server::ApprovalServiceServer;
+    use pb::authorization_service_server::AuthorizationServiceServer;
+    use pb::ledger_service_server::LedgerServiceServer;
+    use tonic::server::NamedService;
+    use tonic_health::ServingStatus;
+
+    let names = [
+        "",
+        <AuthorizationServiceServer<authorization::AuthorizationApi> as NamedService>::NAME,
+        <ApprovalServiceServer<approval::ApprovalApi> as NamedService>::NAME,
+        <LedgerServiceServer<ledger::LedgerApi> as NamedService>::NAME,
+    ];
+    let mut answering = true;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopping.wait_for(|s| *s) => return,
+        }
+        let result = store.ping().await;
+        if *stopping.borrow() {
+            return;
+        }
+        if result.is_ok() == answering {
+            continue;
+        }
+        answering = result.is_ok();
+        let status = match &result {
+            Ok(()) => {
+                tracing::info!("the store answers again: SERVING");
+                ServingStatus::Serving
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the store does not answer: NOT_SERVING");
+                ServingStatus::NotServing
+            }
+        };
+        for name in names {
+            reporter.set_service_status(name, status).await;
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! The real `toolgate serve` binary as a child process, for the tests that
-//! kill it with SIGKILL and start it again on the same SQLite file.
+//! kill it with SIGKILL and start it again on the same SQLite file, and
+//! those that run several replicas on one PostgreSQL database.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
@@ -27,6 +28,13 @@ impl Sidecar {
     /// address from its JSON log line `toolgate serving` (bounded: 60 s,
     /// then fail).
     pub fn start(dir: &Path, extra: &[OsString]) -> Self {
+        let store = format!("sqlite://{}", dir.join("toolgate.db").display());
+        Self::start_with_store(dir, &store, extra)
+    }
+
+    /// Like [`Self::start`], on the store `url` (and `dir/toolgate.toml`,
+    /// if the test wrote one: the binary reads it from its working folder).
+    pub fn start_with_store(dir: &Path, url: &str, extra: &[OsString]) -> Self {
         let mut command = toolgate();
         command
             .arg("serve")
@@ -34,7 +42,7 @@ impl Sidecar {
             .arg(example_policies())
             .args(["--listen", "127.0.0.1:0"])
             .arg("--store")
-            .arg(format!("sqlite://{}", dir.join("toolgate.db").display()))
+            .arg(url)
             .args(extra)
             .current_dir(dir);
         Self::spawn(command)
