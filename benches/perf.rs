@@ -9,7 +9,9 @@
 //!    service answering a real `Authorize` response of the same size (the
 //!    transport floor) against the real `toolgate serve` binary, at 1, 16 and
 //!    64 concurrent requests.
-//! 3. The resident memory of that sidecar under the load.
+//! 3. `Authorize` with `begin_execution` followed by `CompleteExecution`
+//!    on SQLite, at 1 and 16 concurrent operations (pairs/s, p50, p99).
+//! 4. The resident memory of that sidecar under the load.
 //!
 //! Each comparison alternates its two sides over several rounds and reports
 //! medians and the ratio. Results go to one JSON file (default
@@ -113,8 +115,8 @@ fn main() -> Result<(), BoxError> {
         );
         return Ok(());
     }
-    let (grpc, memory) = runtime.block_on(over_grpc(&options))?;
-    let report = report(&options, in_process, grpc, memory);
+    let (grpc, ledger, memory) = runtime.block_on(over_grpc(&options))?;
+    let report = report(&options, in_process, grpc, &ledger, memory);
     if let Some(dir) = options.out.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -484,6 +486,70 @@ async fn load(channels: &[Channel], concurrency: usize, seconds: f64) -> Result<
     Ok(summarize(all, start.elapsed()))
 }
 
+/// `concurrency` workers each run, back to back for `seconds`, a new
+/// operation: `Authorize` with `begin_execution` (which must be ALLOW and
+/// ACQUIRED), then `CompleteExecution` SUCCEEDED with a valid result. One
+/// sample is the pair.
+async fn ledger_load(
+    channels: &[Channel],
+    concurrency: usize,
+    seconds: f64,
+    round: usize,
+) -> Result<Summary, BoxError> {
+    let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let start = Instant::now();
+    let mut workers = Vec::with_capacity(concurrency);
+    for i in 0..concurrency {
+        let channel = channels
+            .get(i % channels.len().max(1))
+            .cloned()
+            .ok_or("no channel")?;
+        workers.push(tokio::spawn(async move {
+            let mut authz =
+                pb::authorization_service_client::AuthorizationServiceClient::new(channel.clone());
+            let mut ledger = pb::ledger_service_client::LedgerServiceClient::new(channel);
+            let mut samples = Vec::with_capacity(4096);
+            let mut n = 0_u64;
+            while Instant::now() < until {
+                n += 1;
+                let mut request = authorize_request();
+                request.request_id = format!("perf-c{concurrency}-r{round}-w{i}-{n}");
+                request.begin_execution = true;
+                let t = Instant::now();
+                let r = authz.authorize(request.clone()).await?.into_inner();
+                let acquired = r
+                    .execution
+                    .as_ref()
+                    .filter(|e| e.outcome == i32::from(pb::BeginOutcome::Acquired));
+                let Some(execution) = acquired else {
+                    return Err::<_, BoxError>(format!("not acquired: {r:?}").into());
+                };
+                let done = ledger
+                    .complete_execution(pb::CompleteExecutionRequest {
+                        auth: request.auth.clone(),
+                        idempotency_key: r.idempotency_key.clone(),
+                        fencing_token: execution.fencing_token,
+                        status: pb::CompletionStatus::Succeeded.into(),
+                        result_json: r#"{"refund_id":"re_1","amount_cents":2500}"#.into(),
+                        error: None,
+                    })
+                    .await?
+                    .into_inner();
+                samples.push(t.elapsed());
+                if done.state != i32::from(pb::ExecutionState::Succeeded) {
+                    return Err(format!("not stored: {done:?}").into());
+                }
+            }
+            Ok(samples)
+        }));
+    }
+    let mut all = Vec::new();
+    for w in workers {
+        all.extend(w.await??);
+    }
+    Ok(summarize(all, start.elapsed()))
+}
+
 struct GrpcRow {
     concurrency: usize,
     echo: Summary,
@@ -511,7 +577,10 @@ fn memory_of(pid: u32) -> Result<Memory, BoxError> {
     })
 }
 
-async fn over_grpc(o: &Options) -> Result<(Vec<GrpcRow>, Memory), BoxError> {
+/// `Authorize` + `begin_execution`, then `CompleteExecution`, on SQLite.
+const LEDGER_CONCURRENCY: [usize; 2] = [1, 16];
+
+async fn over_grpc(o: &Options) -> Result<(Vec<GrpcRow>, Vec<(usize, Summary)>, Memory), BoxError> {
     let dir = tempfile::tempdir()?;
     let (toolgate, toolgate_addr) = start_toolgate(dir.path())?;
     let tg_channels = connect(toolgate_addr, 8).await?;
@@ -547,8 +616,18 @@ async fn over_grpc(o: &Options) -> Result<(Vec<GrpcRow>, Memory), BoxError> {
         });
     }
     let memory = memory_of(toolgate.0.id())?;
+    let mut ledger = Vec::new();
+    for &c in &LEDGER_CONCURRENCY {
+        let ch = tg_channels.get(..c.min(8)).ok_or("channels")?;
+        ledger_load(ch, c, o.seconds / 4.0, 0).await?;
+        let mut rounds = Vec::new();
+        for round in 1..=o.rounds {
+            rounds.push(ledger_load(ch, c, o.seconds, round).await?);
+        }
+        ledger.push((c, medians(&rounds)));
+    }
     drop(toolgate);
-    Ok((rows, memory))
+    Ok((rows, ledger, memory))
 }
 
 // ---------------------------------------------------------------- the report
@@ -578,7 +657,13 @@ fn target(name: &str, value: f64, limit: f64, at_most: bool) -> Value {
            "comparison": if at_most { "<=" } else { ">=" }, "met": met})
 }
 
-fn report(o: &Options, p: InProcess, grpc: Vec<GrpcRow>, memory: Memory) -> Value {
+fn report(
+    o: &Options,
+    p: InProcess,
+    grpc: Vec<GrpcRow>,
+    ledger: &[(usize, Summary)],
+    memory: Memory,
+) -> Value {
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::INFINITY };
     let mut targets = vec![target(
         "in_process_p50_vs_raw_cedar",
@@ -631,6 +716,9 @@ fn report(o: &Options, p: InProcess, grpc: Vec<GrpcRow>, memory: Memory) -> Valu
             "p50_ratio": round2(ratio(p.toolgate.p50_us, p.raw.p50_us)),
         },
         "grpc": rows,
+        "ledger_sqlite": ledger.iter().map(|(c, s)| json!({
+            "concurrency": c, "pairs": side_json(*s),
+        })).collect::<Vec<_>>(),
         "memory": {"rss_kb": memory.rss_kb, "peak_rss_kb": memory.hwm_kb},
         "targets": targets,
     })
@@ -674,6 +762,16 @@ fn print_table(r: &Value) {
             f(&row["rps_ratio"]),
             f(&row["p99_ratio"]),
             f(&row["p50_delta_us"])
+        );
+    }
+    println!("\nAuthorize(begin_execution) + CompleteExecution on SQLite");
+    for row in r["ledger_sqlite"].as_array().into_iter().flatten() {
+        println!(
+            "  concurrency {:<6} pairs/s {:>9} {:>9} {:>9}",
+            row["concurrency"],
+            f(&row["pairs"]["rps"]),
+            f(&row["pairs"]["p50_us"]),
+            f(&row["pairs"]["p99_us"])
         );
     }
     println!(
