@@ -18,12 +18,17 @@
 //!   authorizer.
 //! - [`store`]: persistence (SQLite; PostgreSQL later) behind one trait.
 //! - [`grpc`]: the wire surface (the only importer of tonic and prost).
+//! - [`access`]: which transport identity may call which service.
+//! - [`ratelimit`]: token buckets per tenant and per tool.
+//! - [`audit`], [`metrics`]: the audit log and Prometheus metrics.
 //! - [`config`], [`telemetry`], [`clock`], [`identity`]: the edges.
 //!
 //! See `ARCHITECTURE.md` for the invariants each module keeps.
 
+pub mod access;
 pub mod approval_desk;
 pub mod approvals;
+pub mod audit;
 pub mod authorizer;
 pub mod clock;
 pub mod config;
@@ -33,8 +38,10 @@ pub mod grpc;
 pub mod identity;
 pub mod ledger;
 pub mod ledger_desk;
+pub mod metrics;
 pub mod policy;
 pub mod policy_cases;
+pub mod ratelimit;
 pub mod store;
 pub mod telemetry;
 pub mod tools;

@@ -31,6 +31,7 @@ pub struct ApprovalEvent {
 #[derive(Debug, Clone)]
 pub struct ApprovalEvents {
     tx: broadcast::Sender<Arc<ApprovalEvent>>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl ApprovalEvents {
@@ -38,7 +39,16 @@ impl ApprovalEvents {
     #[must_use]
     pub fn new(capacity: usize) -> Self {
         let (tx, _) = broadcast::channel(capacity.max(1));
-        Self { tx }
+        Self { tx, metrics: None }
+    }
+
+    /// Counts every event by the state the approval enters
+    /// (`toolgate_approvals_total{state}`): every transition is published
+    /// here, so this is the one place that sees them all.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Announces an event; `consumed_by` fills in the consuming key for
@@ -49,6 +59,18 @@ impl ApprovalEvents {
         approval: &ApprovalRecord,
         consumed_by: Option<&str>,
     ) {
+        if let Some(m) = &self.metrics {
+            m.approval_state(match kind {
+                ApprovalEventKind::Created => "pending",
+                ApprovalEventKind::Decided => match approval.status {
+                    super::ApprovalStatus::Approved => "approved",
+                    super::ApprovalStatus::Rejected => "rejected",
+                    super::ApprovalStatus::Pending | super::ApprovalStatus::Expired => "decided",
+                },
+                ApprovalEventKind::Expired => "expired",
+                ApprovalEventKind::Consumed => "consumed",
+            });
+        }
         let mut approval = approval.clone();
         if let Some(key) = consumed_by {
             approval.consumed_by_idempotency_key = Some(key.to_owned());

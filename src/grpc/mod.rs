@@ -5,22 +5,32 @@
 //! mistakes become `INVALID_ARGUMENT` with `google.rpc.BadRequest` details,
 //! everything about the model's call is a normal response with an envelope.
 
+mod access;
 mod approval;
 mod authorization;
 mod convert;
 mod ledger;
+mod listen;
 mod policy;
 
+pub use listen::{ListenError, bind_unix};
+
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::service::Routes;
+use tonic::transport::server::{Connected, TcpIncoming};
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
+use crate::access::AccessPolicy;
 use crate::approval_desk::ApprovalDesk;
 use crate::authorizer::ToolCallAuthorizer;
 use crate::ledger_desk::LedgerDesk;
+use crate::metrics::Metrics;
 use crate::policy::{PolicyReloader, ReloadTriggers};
 
 /// The generated wire types, private to the crate except through `pb`.
@@ -44,6 +54,8 @@ pub mod pb {
 pub enum ServeError {
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("invalid gRPC-Web origin `{0}`")]
+    Origin(String),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
 }
@@ -64,18 +76,93 @@ pub struct Services {
     pub reload: ReloadTriggers,
 }
 
-/// Serves every toolgate service, health and reflection on `listener` until
-/// `shutdown` resolves. Used by `main` and by the tests alike.
-///
-/// Health reports NOT_SERVING until the services are wired to a loaded
-/// policy set, SERVING after. The policy reloader runs for as long as the
-/// server does.
+/// A bound listener.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(TcpListener),
+    /// A Unix domain socket; the file is removed when the server stops.
+    Unix {
+        listener: UnixListener,
+        path: PathBuf,
+    },
+}
+
+impl From<TcpListener> for Listener {
+    fn from(l: TcpListener) -> Self {
+        Self::Tcp(l)
+    }
+}
+
+/// PEM text of the server's TLS identity and, for client certificates, the
+/// CA that issues them.
+#[derive(Debug, Clone)]
+pub struct TlsPem {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+    /// When set, every client must present a certificate this CA issued.
+    pub client_ca: Option<Vec<u8>>,
+}
+
+/// How the server runs, beyond what it serves.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Which caller may call which service.
+    pub access: AccessPolicy,
+    pub tls: Option<TlsPem>,
+    /// Browser origins allowed to call over gRPC-Web (CORS).
+    pub cors_origins: Vec<String>,
+    /// After the shutdown signal, how long health says NOT_SERVING while
+    /// calls are still accepted, so load balancers move away first.
+    pub drain: Duration,
+    /// Then, how long in-flight calls get to finish before the server stops
+    /// regardless.
+    pub grace: Duration,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            access: AccessPolicy::Open,
+            tls: None,
+            cors_origins: Vec::new(),
+            drain: Duration::ZERO,
+            grace: Duration::from_secs(10),
+            metrics: Arc::new(Metrics::default()),
+        }
+    }
+}
+
+/// Serves with the default options (open access, no TLS): the tests'
+/// loopback server.
 ///
 /// # Errors
 /// [`ServeError`] when the transport fails.
 pub async fn serve(
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     services: Services,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    serve_with(listener, services, ServeOptions::default(), shutdown).await
+}
+
+/// Serves every toolgate service, health and reflection on `listener` until
+/// `shutdown` resolves, then shuts down gracefully. Used by `main` and by
+/// the tests alike.
+///
+/// Health reports NOT_SERVING until the services are wired to a loaded
+/// policy set, SERVING after, and NOT_SERVING again the moment `shutdown`
+/// resolves. Then, after `drain`, no new connection or call is accepted;
+/// calls in flight finish, for at most `grace`. gRPC-Web (HTTP/1.1) is
+/// served on the same listener. The policy reloader runs for as long as
+/// the server does.
+///
+/// # Errors
+/// [`ServeError`] when the transport fails.
+pub async fn serve_with(
+    listener: impl Into<Listener>,
+    services: Services,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     use pb::approval_service_server::ApprovalServiceServer;
@@ -107,12 +194,10 @@ pub async fn serve(
     // Open watch streams would hold a graceful shutdown forever: they end
     // (with UNAVAILABLE, so clients watch again elsewhere) once it starts.
     let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
-    let shutdown = async move {
-        shutdown.await;
-        let _ = stopping_tx.send(true);
-    };
-    let approvals =
-        ApprovalServiceServer::new(approval::ApprovalApi::new(Arc::clone(&desk), stopping));
+    let approvals = ApprovalServiceServer::new(approval::ApprovalApi::new(
+        Arc::clone(&desk),
+        stopping.clone(),
+    ));
     // Expiry needs nobody to ask: a background sweep, stopped with the server.
     let sweeper = tokio::spawn(async move {
         let mut tick = tokio::time::interval(expiry_interval);
@@ -161,21 +246,149 @@ pub async fn serve(
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
 
-    // TCP_NODELAY: without it a response's last frame waits for the
-    // client's delayed ACK, some 40 ms on every call.
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let result = Server::builder()
-        .add_service(health)
+    let routes = Routes::new(health)
         .add_service(reflection)
         .add_service(authorization)
         .add_service(approvals)
         .add_service(ledger)
-        .add_service(policy)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await;
+        .add_service(policy);
+
+    let drain = options.drain;
+    let signal = {
+        let reporter = reporter.clone();
+        async move {
+            shutdown.await;
+            // Health first, at once: balancers stop sending new work.
+            reporter
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+            reporter
+                .set_not_serving::<AuthorizationServiceServer<authorization::AuthorizationApi>>()
+                .await;
+            reporter
+                .set_not_serving::<ApprovalServiceServer<approval::ApprovalApi>>()
+                .await;
+            reporter
+                .set_not_serving::<LedgerServiceServer<ledger::LedgerApi>>()
+                .await;
+            reporter
+                .set_not_serving::<PolicyServiceServer<policy::PolicyApi>>()
+                .await;
+            let _ = stopping_tx.send(true);
+            tracing::info!(
+                drain_ms = drain.as_millis(),
+                "shutting down: health is NOT_SERVING"
+            );
+            tokio::time::sleep(drain).await;
+        }
+    };
+    // In-flight calls get `grace` once the drain is over; then the server
+    // stops regardless (a stuck call must not hold a deploy forever).
+    let grace = options.grace;
+    let mut stopped = stopping;
+    let deadline = async move {
+        let _ = stopped.wait_for(|s| *s).await;
+        tokio::time::sleep(drain + grace).await;
+    };
+    let (listener, socket_path) = match listener.into() {
+        // TCP_NODELAY: without it a response's last frame waits for the
+        // client's delayed ACK, some 40 ms on every call.
+        Listener::Tcp(l) => (
+            Incoming::Tcp(TcpIncoming::from(l).with_nodelay(Some(true))),
+            None,
+        ),
+        Listener::Unix { listener, path } => (
+            Incoming::Unix(UnixListenerStream::new(listener)),
+            Some(path),
+        ),
+    };
+    let server = async {
+        match listener {
+            Incoming::Tcp(s) => run(s, routes, &options, signal).await,
+            Incoming::Unix(s) => run(s, routes, &options, signal).await,
+        }
+    };
+    let result = tokio::select! {
+        r = server => r,
+        () = deadline => {
+            tracing::warn!(grace_ms = grace.as_millis(), "in-flight calls did not finish within the grace period; stopping");
+            Ok(())
+        }
+    };
     sweeper.abort();
     collector.abort();
     reloads.abort();
-    result?;
+    if let Some(path) = socket_path {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+enum Incoming {
+    Tcp(TcpIncoming),
+    Unix(UnixListenerStream),
+}
+
+/// The server on one incoming stream: CORS, then gRPC-Web, then the access
+/// layer, in front of every route.
+async fn run<I, IO>(
+    incoming: I,
+    routes: Routes,
+    options: &ServeOptions,
+    signal: impl Future<Output = ()>,
+) -> Result<(), ServeError>
+where
+    I: tokio_stream::Stream<Item = std::io::Result<IO>>,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Connected + Unpin + Send + 'static,
+{
+    let mut builder = Server::builder();
+    if let Some(tls) = &options.tls {
+        let mut config = ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert, &tls.key));
+        if let Some(ca) = &tls.client_ca {
+            config = config.client_ca_root(Certificate::from_pem(ca));
+        }
+        builder = builder.tls_config(config)?;
+    }
+    builder
+        .accept_http1(true)
+        .layer(cors(&options.cors_origins)?)
+        .layer(tonic_web::GrpcWebLayer::new())
+        .layer(access::AccessLayer::new(
+            options.access.clone(),
+            Arc::clone(&options.metrics),
+        ))
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, signal)
+        .await?;
     Ok(())
+}
+
+/// CORS for browser approval UIs calling over gRPC-Web: only the configured
+/// origins, only POST, and the gRPC-Web headers.
+fn cors(origins: &[String]) -> Result<tower_http::cors::CorsLayer, ServeError> {
+    use http::header::{HeaderName, HeaderValue};
+    let origins = origins
+        .iter()
+        .map(|o| HeaderValue::from_str(o).map_err(|_| ServeError::Origin(o.clone())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let names = |list: &[&'static str]| {
+        list.iter()
+            .map(|h| HeaderName::from_static(h))
+            .collect::<Vec<_>>()
+    };
+    Ok(tower_http::cors::CorsLayer::new()
+        .allow_origin(origins)
+        .allow_methods([http::Method::POST])
+        .allow_headers(names(&[
+            "content-type",
+            "x-grpc-web",
+            "x-user-agent",
+            "grpc-timeout",
+        ]))
+        .expose_headers(names(&[
+            "grpc-status",
+            "grpc-message",
+            "grpc-status-details-bin",
+        ]))
+        .max_age(Duration::from_secs(600)))
 }
