@@ -10,10 +10,12 @@
 )]
 
 mod approvals;
+mod audit;
 mod authorize;
 mod cli;
 mod ledger;
 mod ledger_crash;
+mod listeners;
 mod python;
 mod reload;
 mod restart;

@@ -50,8 +50,22 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// What a test server runs with beyond the defaults.
+#[derive(Default)]
+pub struct Setup {
+    pub serve: toolgate::grpc::ServeOptions,
+    /// The audit log; `None` records nothing.
+    pub audit: Option<toolgate::audit::AuditConfig>,
+    pub rate_limits: toolgate::ratelimit::RateLimitConfig,
+    pub require_identity_token: bool,
+    /// A Unix socket to listen on instead of `127.0.0.1:0`.
+    pub unix_socket: Option<PathBuf>,
+}
+
 pub struct TestServer {
     pub addr: SocketAddr,
+    pub metrics: Arc<toolgate::metrics::Metrics>,
+    pub audit: Arc<toolgate::audit::Audit>,
     /// The server's SQLite file, for tests that inspect or reopen it.
     pub db_path: PathBuf,
     /// The server's live policy set and its reloads.
@@ -115,12 +129,36 @@ impl TestServer {
         .await
     }
 
+    /// A server with listeners, grants, audit, limits or identity set up.
+    pub async fn start_setup(setup: Setup) -> Self {
+        Self::start_on(
+            &example_policies(),
+            AuthorizerConfig::default(),
+            Arc::new(SystemClock),
+            test_ledger_config(),
+            ReloadTriggers::NONE,
+            setup,
+        )
+        .await
+    }
+
     async fn start_full(
         policies: &Path,
         config: AuthorizerConfig,
         clock: Arc<dyn toolgate::clock::Clock>,
         ledger: LedgerConfig,
         reload: ReloadTriggers,
+    ) -> Self {
+        Self::start_on(policies, config, clock, ledger, reload, Setup::default()).await
+    }
+
+    async fn start_on(
+        policies: &Path,
+        config: AuthorizerConfig,
+        clock: Arc<dyn toolgate::clock::Clock>,
+        ledger: LedgerConfig,
+        reload: ReloadTriggers,
+        setup: Setup,
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db_path = dir.path().join("toolgate.db");
@@ -130,7 +168,16 @@ impl TestServer {
         let store: Arc<dyn toolgate::store::Store> = Arc::new(SqliteStore::open(&db_path).unwrap());
         let (limits, violation_cap) = (config.limits, config.violation_cap);
         let engine = reloader.live();
-        let events = Arc::new(toolgate::approvals::ApprovalEvents::default());
+        let metrics = Arc::clone(&setup.serve.metrics);
+        let audit = Arc::new(match &setup.audit {
+            Some(c) => toolgate::audit::Audit::start(c, Arc::clone(&metrics))
+                .await
+                .unwrap(),
+            None => toolgate::audit::Audit::disabled(),
+        });
+        let events = Arc::new(
+            toolgate::approvals::ApprovalEvents::default().with_metrics(Arc::clone(&metrics)),
+        );
         let authorizer = Arc::new(
             ToolCallAuthorizer::new(
                 Arc::clone(&engine),
@@ -138,7 +185,13 @@ impl TestServer {
                 Arc::clone(&clock),
                 config,
             )
-            .with_events(Arc::clone(&events)),
+            .with_events(Arc::clone(&events))
+            .with_audit(Arc::clone(&audit))
+            .with_metrics(Arc::clone(&metrics))
+            .with_rate_limits(Arc::new(toolgate::ratelimit::RateLimits::new(
+                &setup.rate_limits,
+            )))
+            .with_identity(Some(test_verifier()), setup.require_identity_token),
         );
         let ledger = Arc::new(toolgate::ledger_desk::LedgerDesk::new(
             Arc::clone(&engine),
@@ -148,13 +201,16 @@ impl TestServer {
             limits,
             violation_cap,
         ));
-        let desk = Arc::new(toolgate::approval_desk::ApprovalDesk::new(
-            engine,
-            store,
-            clock,
-            Some(test_verifier()),
-            events,
-        ));
+        let desk = Arc::new(
+            toolgate::approval_desk::ApprovalDesk::new(
+                engine,
+                store,
+                clock,
+                Some(test_verifier()),
+                events,
+            )
+            .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
+        );
         let services = toolgate::grpc::Services {
             authorizer,
             desk,
@@ -163,11 +219,24 @@ impl TestServer {
             policies: Arc::clone(&reloader),
             reload,
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let (listener, addr): (toolgate::grpc::Listener, SocketAddr) = match setup.unix_socket {
+            Some(path) => (
+                toolgate::grpc::Listener::Unix {
+                    listener: toolgate::grpc::bind_unix(&path, 0o600).unwrap(),
+                    path,
+                },
+                SocketAddr::from(([0, 0, 0, 0], 0)),
+            ),
+            None => {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let addr = l.local_addr().unwrap();
+                (l.into(), addr)
+            }
+        };
         let (stop, stopped) = oneshot::channel::<()>();
+        let options = setup.serve;
         let task = tokio::spawn(async move {
-            toolgate::grpc::serve(listener, services, async {
+            toolgate::grpc::serve_with(listener, services, options, async {
                 let _ = stopped.await;
             })
             .await
@@ -175,6 +244,8 @@ impl TestServer {
         });
         Self {
             addr,
+            metrics,
+            audit,
             db_path,
             policies: reloader,
             stop: Some(stop),
@@ -230,7 +301,7 @@ pub fn test_ledger_config() -> LedgerConfig {
 }
 
 /// The verifier of the test key set (`tests/it/fixtures/keys/jwks.json`).
-fn test_verifier() -> Arc<dyn toolgate::approval_desk::IdentityVerifier> {
+pub fn test_verifier() -> Arc<dyn toolgate::approval_desk::IdentityVerifier> {
     let config = toolgate::identity::VerifierConfig {
         issuer: Some("https://idp.test".into()),
         audience: Some("toolgate".into()),
