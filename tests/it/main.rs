@@ -19,5 +19,6 @@ mod listeners;
 mod python;
 mod reload;
 mod restart;
+mod shutdown;
 mod sidecar;
 mod support;

@@ -301,13 +301,6 @@ async fn sighup_reloads_a_running_toolgate_serve() {
         .current_dir(tmp.path());
     let mut sidecar = Sidecar::spawn(command);
     let channel = sidecar.channel().await;
-    let hangup = |pid: u32| {
-        let status = Command::new("kill")
-            .args(["-HUP", &pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
 
     let before = refund(&channel).await;
     assert_eq!(before.decision(), Decision::Allow);
@@ -319,7 +312,7 @@ async fn sighup_reloads_a_running_toolgate_serve() {
         (Decision::Allow, &before.policy_version)
     );
 
-    hangup(sidecar.pid());
+    sidecar.signal("HUP");
     let after = eventually(Duration::from_secs(10), "SIGHUP reloads", || async {
         let r = refund(&channel).await;
         (r.decision() == Decision::ApprovalRequired).then_some(r)
@@ -331,7 +324,7 @@ async fn sighup_reloads_a_running_toolgate_serve() {
 
     // A broken set on SIGHUP: refused, the process lives on, the set stays.
     std::fs::write(dir.join("docs.cedar"), "permit (").unwrap();
-    hangup(sidecar.pid());
+    sidecar.signal("HUP");
     let refused = eventually(
         Duration::from_secs(10),
         "the refusal is visible",

@@ -1,12 +1,13 @@
-//! The real `toolgate serve` binary as a child process, for the tests that
-//! kill it with SIGKILL and start it again on the same SQLite file.
+//! The real `toolgate serve` binary as a child process: the one helper of
+//! every test that runs it (SIGKILL and restart on the same SQLite file,
+//! SIGHUP reloads, SIGTERM shutdown under load).
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::support::example_policies;
 
@@ -91,6 +92,32 @@ impl Sidecar {
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Sends the signal `name` (`TERM`, `HUP`, …) through `kill`.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits for the process to exit on its own, polling, for at most
+    /// `within`; then kills it and fails. Blocking.
+    pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("toolgate did not exit within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGKILL: no shutdown hook, no flush, no goodbye.
