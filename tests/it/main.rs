@@ -16,6 +16,7 @@ mod cli;
 mod ledger;
 mod ledger_crash;
 mod listeners;
+mod node;
 mod python;
 mod reload;
 mod restart;
