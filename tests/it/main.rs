@@ -13,6 +13,7 @@ mod approvals;
 mod audit;
 mod authorize;
 mod cli;
+mod decoding_path;
 mod ledger;
 mod ledger_crash;
 mod listeners;
