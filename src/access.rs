@@ -20,16 +20,21 @@ pub enum ServiceName {
     Approvals,
     /// `toolgate.v1.LedgerService`: the execution ledger, for executors.
     Ledger,
+    /// `toolgate.v1.PolicyService`: the live policy set and the last
+    /// reload's error, for operators. Read-only, but it names policy files
+    /// and shows diagnostics: neither executors nor approval UIs need it.
+    Policy,
     /// gRPC server reflection: the public wire schema.
     Reflection,
 }
 
 impl ServiceName {
     /// Every grantable service, in config-name order.
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 5] = [
         Self::Authorization,
         Self::Approvals,
         Self::Ledger,
+        Self::Policy,
         Self::Reflection,
     ];
 
@@ -40,6 +45,7 @@ impl ServiceName {
             Self::Authorization => "authorization",
             Self::Approvals => "approvals",
             Self::Ledger => "ledger",
+            Self::Policy => "policy",
             Self::Reflection => "reflection",
         }
     }
@@ -75,6 +81,7 @@ pub fn target_of_path(path: &str) -> Target {
         "toolgate.v1.AuthorizationService" => Target::Service(ServiceName::Authorization),
         "toolgate.v1.ApprovalService" => Target::Service(ServiceName::Approvals),
         "toolgate.v1.LedgerService" => Target::Service(ServiceName::Ledger),
+        "toolgate.v1.PolicyService" => Target::Service(ServiceName::Policy),
         "grpc.reflection.v1.ServerReflection" | "grpc.reflection.v1alpha.ServerReflection" => {
             Target::Service(ServiceName::Reflection)
         }
@@ -260,6 +267,10 @@ mod tests {
             Target::Service(ServiceName::Ledger)
         );
         assert_eq!(
+            target_of_path("/toolgate.v1.PolicyService/GetPolicyStatus"),
+            Target::Service(ServiceName::Policy)
+        );
+        assert_eq!(
             target_of_path("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
             Target::Service(ServiceName::Reflection)
         );
@@ -273,12 +284,17 @@ mod tests {
 
     #[test]
     fn grants_separate_the_executor_from_the_approval_ui() {
-        use ServiceName::{Approvals, Authorization, Ledger};
+        use ServiceName::{Approvals, Authorization, Ledger, Policy};
         let policy = AccessPolicy::Grants(vec![
             grant("san:spiffe://acme/executor", &[Authorization, Ledger]),
             grant("cn:approval-ui", &[Approvals]),
             grant("uid:1000", &[Authorization]),
+            grant("cn:operator", &[Policy]),
         ]);
+        let operator = PeerIdentity {
+            common_names: vec!["operator".into()],
+            ..PeerIdentity::default()
+        };
         let executor = PeerIdentity {
             sans: vec!["spiffe://acme/executor".into()],
             ..PeerIdentity::default()
@@ -294,6 +310,11 @@ mod tests {
         assert!(!policy.allows(&executor, approvals));
         assert!(policy.allows(&ui, approvals));
         assert!(!policy.allows(&ui, authorization));
+        // Policy status is the operator's alone.
+        assert!(policy.allows(&operator, Target::Service(Policy)));
+        assert!(!policy.allows(&operator, authorization));
+        assert!(!policy.allows(&executor, Target::Service(Policy)));
+        assert!(!policy.allows(&ui, Target::Service(Policy)));
         assert!(policy.allows(&PeerIdentity::unix(Some(1000)), authorization));
         assert!(!policy.allows(&PeerIdentity::unix(Some(1001)), authorization));
         assert!(!policy.allows(&PeerIdentity::default(), authorization));

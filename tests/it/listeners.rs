@@ -1,7 +1,8 @@
 //! Who may call, over real sockets: a Unix socket created owner-only whose
 //! peer uid is granted some services, and mutual TLS where the executor's
-//! certificate (a SPIFFE id) and the approval UI's (a CN) are granted
-//! different services; callers without a trusted certificate get nothing.
+//! certificate (a SPIFFE id), the approval UI's and the operator's (CNs)
+//! are granted different services; callers without a trusted certificate
+//! get nothing.
 //! Certificates are made here, at test time, with rcgen.
 
 use std::collections::BTreeSet;
@@ -14,10 +15,12 @@ use tonic_types::StatusExt;
 use toolgate::access::{AccessPolicy, CallerPattern, Grant, ServiceName};
 use toolgate::grpc::pb::approval_service_client::ApprovalServiceClient;
 use toolgate::grpc::pb::authorization_service_client::AuthorizationServiceClient;
+use toolgate::grpc::pb::ledger_service_client::LedgerServiceClient;
+use toolgate::grpc::pb::policy_service_client::PolicyServiceClient;
 use toolgate::grpc::pb::{self, Decision};
 use toolgate::grpc::{ServeOptions, TlsPem};
 
-use crate::support::{Setup, TestServer, request, token};
+use crate::support::{Setup, TestServer, agent_bob, request, token};
 
 const SMALL_REFUND: &str =
     r#"{"order_id":"ord_1001","amount_cents":2500,"currency":"USD","reason":"late"}"#;
@@ -189,6 +192,7 @@ async fn mutual_tls_maps_certificates_to_grants() {
     let (server_cert, server_key) = pki.issue("toolgate", &["localhost"], &[], true);
     let executor = pki.issue("executor", &[], &["spiffe://acme/executor"], false);
     let ui = pki.issue("approval-ui", &[], &[], false);
+    let operator = pki.issue("toolgate-operator", &[], &[], false);
     let stranger = Pki::new("someone else's CA");
     let untrusted = stranger.issue("executor", &[], &["spiffe://acme/executor"], false);
 
@@ -200,6 +204,7 @@ async fn mutual_tls_maps_certificates_to_grants() {
                     &[ServiceName::Authorization, ServiceName::Ledger],
                 ),
                 grant("cn:approval-ui", &[ServiceName::Approvals]),
+                grant("cn:toolgate-operator", &[ServiceName::Policy]),
             ]),
             tls: Some(TlsPem {
                 cert: server_cert.into_bytes(),
@@ -222,8 +227,17 @@ async fn mutual_tls_maps_certificates_to_grants() {
         .unwrap()
         .into_inner();
     assert_eq!(allowed.decision(), Decision::Allow, "{:?}", allowed.error);
-    // …and can never approve.
-    let refused = ApprovalServiceClient::new(channel)
+    // …reaches its ledger (no such record: the call got past the grants)…
+    let missing = LedgerServiceClient::new(channel.clone())
+        .get_execution(pb::GetExecutionRequest {
+            auth: Some(agent_bob()),
+            idempotency_key: "refund_order:none".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
+    // …and can never approve, nor read the operators' policy status.
+    let refused = ApprovalServiceClient::new(channel.clone())
         .decide_approval(decide_request())
         .await
         .unwrap_err();
@@ -232,6 +246,30 @@ async fn mutual_tls_maps_certificates_to_grants() {
         refused.message().contains("san:spiffe://acme/executor"),
         "{refused:?}"
     );
+    let refused = PolicyServiceClient::new(channel)
+        .get_policy_status(pb::GetPolicyStatusRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(denied_reason(&refused), "caller_not_granted");
+
+    // The operator reads the policy status, and nothing else.
+    let channel = tls_channel(server.addr, &pki.ca_pem, Some(&operator))
+        .await
+        .unwrap();
+    let status = PolicyServiceClient::new(channel.clone())
+        .get_policy_status(pb::GetPolicyStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.policy_version, allowed.policy_version);
+    let refused = LedgerServiceClient::new(channel)
+        .get_execution(pb::GetExecutionRequest {
+            auth: Some(agent_bob()),
+            idempotency_key: "refund_order:none".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(denied_reason(&refused), "caller_not_granted");
 
     // The approval UI reaches the desk (the approval does not exist) but not decisions.
     let channel = tls_channel(server.addr, &pki.ca_pem, Some(&ui))
@@ -292,6 +330,14 @@ async fn mutual_tls_maps_certificates_to_grants() {
     );
     assert!(
         text.contains("toolgate_access_denied_total{service=\"authorization\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("toolgate_access_denied_total{service=\"policy\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("toolgate_access_denied_total{service=\"ledger\"} 1"),
         "{text}"
     );
     server.stop().await;
