@@ -248,6 +248,18 @@ fn echo(s: &str) -> Value {
     Value::from(s.chars().take(MAX_ECHO).collect::<String>())
 }
 
+/// Tenant, subject, agent and session of a principal, empty when unknown.
+fn principal(c: Option<&Caller>) -> (&str, &str, &str, &str) {
+    c.map_or(("", "", "", ""), |c| {
+        (
+            c.tenant_id.as_str(),
+            c.subject_id.as_str(),
+            c.agent_id.as_str(),
+            c.session_id.as_str(),
+        )
+    })
+}
+
 fn micros(d: Duration) -> Value {
     Value::from(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
@@ -269,24 +281,12 @@ impl AuditEvent {
         self
     }
 
-    /// The event of one Authorize decision. `principal` is the caller the
-    /// decision ran as (from the auth context, or from the verified identity
-    /// token when one is required); `peer` the transport identity.
+    /// The event of one Authorize decision, for the principal it ran as
+    /// (from the auth context, or from the verified identity token when one
+    /// is required); `peer` is the transport identity.
     #[must_use]
-    pub fn decision(
-        input: &AuthorizeInput,
-        principal: Option<&Caller>,
-        outcome: &AuthorizeOutcome,
-        latency: Duration,
-    ) -> Self {
-        let (tenant, subject, agent, session) = principal.map_or(("", "", "", ""), |c| {
-            (
-                c.tenant_id.as_str(),
-                c.subject_id.as_str(),
-                c.agent_id.as_str(),
-                c.session_id.as_str(),
-            )
-        });
+    pub fn decision(input: &AuthorizeInput, outcome: &AuthorizeOutcome, latency: Duration) -> Self {
+        let (tenant, subject, agent, session) = principal(outcome.principal.as_ref());
         // The approval this call created, else the one it presented.
         let approval_id = outcome
             .approval
@@ -359,8 +359,38 @@ impl AuditEvent {
             .with("latency_us", micros(latency))
     }
 
-    /// A generic event from already-safe fields (ids, hashes, states): the
-    /// ledger's transitions use this.
+    /// The event of one ledger call (`event: "ledger"`): who, which
+    /// operation of which tool and arguments, the outcome, the state after,
+    /// the code, the fencing token and the attempt. Never a result, nor an
+    /// error's message or details (an executor may write anything there);
+    /// an executor's own error code is kept only when it looks like one.
+    #[must_use]
+    pub fn ledger(l: &LedgerAudit<'_>, latency: Duration) -> Self {
+        let (tenant, subject, agent, session) = principal(l.principal);
+        Self::new("ledger")
+            .with("operation", l.operation)
+            .with("decision_id", l.decision_id.to_owned())
+            .with("tenant", tenant)
+            .with("subject", subject)
+            .with("agent", agent)
+            .with("session", session)
+            .with("peer", l.peer.to_owned())
+            .with("idempotency_key", echo(l.idempotency_key))
+            .with("arguments_sha256", echo(l.arguments_sha256))
+            .with("tool", echo(l.tool))
+            .with("tool_version", l.tool_version.to_owned())
+            .with("policy_version", l.policy_version.to_owned())
+            .with("reported", l.reported)
+            .with("outcome", l.outcome)
+            .with("state", l.state)
+            .with("code", safe_code(l.code))
+            .with("fencing_token", l.fencing_token)
+            .with("attempt", l.attempt)
+            .with("latency_us", micros(latency))
+    }
+
+    /// A bare event of the given fields, for the queue's own tests.
+    #[cfg(test)]
     #[must_use]
     pub fn fields(event: &str, fields: &[(&str, Value)]) -> Self {
         fields
@@ -372,6 +402,54 @@ impl AuditEvent {
     #[must_use]
     pub fn into_line(self) -> String {
         Value::Object(self.0).to_string()
+    }
+}
+
+/// What a ledger event says (see [`AuditEvent::ledger`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LedgerAudit<'a> {
+    /// `begin`, `complete` or `reconcile`.
+    pub operation: &'static str,
+    /// The principal the call ran as, when it could be established.
+    pub principal: Option<&'a Caller>,
+    pub peer: &'a str,
+    /// The decision that began the execution (`Authorize` with
+    /// `begin_execution`), else empty.
+    pub decision_id: &'a str,
+    pub idempotency_key: &'a str,
+    pub arguments_sha256: &'a str,
+    pub tool: &'a str,
+    /// The loaded contract's version of the tool, if it is loaded.
+    pub tool_version: &'a str,
+    pub policy_version: &'a str,
+    /// What the executor reported: a completion's status (`succeeded`,
+    /// `failed_retryable`, `failed_final`, `unknown`) or a reconciliation's
+    /// verdict (`applied`, `not_applied`); empty for a begin.
+    pub reported: &'static str,
+    /// Begin: `acquired`, `in_progress`, `completed`, `reconcile_required`,
+    /// `refused`; complete and reconcile: `ok`, `not_found` or the code.
+    pub outcome: &'a str,
+    /// The record's state after the call, lowercase; empty without a record.
+    pub state: &'static str,
+    /// The answer's error code, empty without one.
+    pub code: &'a str,
+    /// The token the call acquired (begin) or presented (complete); 0 otherwise.
+    pub fencing_token: u64,
+    pub attempt: u32,
+}
+
+/// A code fit for the audit log: one of toolgate's, or an executor's own
+/// code when it is a short identifier; anything else is withheld, since an
+/// executor may put data in it.
+fn safe_code(code: &str) -> Value {
+    let identifier = code.len() <= 64
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+    if crate::envelope::ErrorCode::parse(code).is_some() || identifier {
+        Value::from(code)
+    } else {
+        Value::from("withheld")
     }
 }
 
@@ -422,6 +500,23 @@ mod tests {
             let mode = std::fs::metadata(&path).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    /// Codes reach the audit log only as identifiers: ours, or an
+    /// executor's that looks like one.
+    #[test]
+    fn executor_codes_are_kept_only_when_they_are_identifiers() {
+        for (code, shown) in [
+            ("lease_lost", "lease_lost"),
+            ("", ""),
+            ("card_declined", "card_declined"),
+            ("payments.v2:DECLINED-51", "payments.v2:DECLINED-51"),
+            ("card 4111 1111 declined", "withheld"),
+            ("{\"pan\":\"4111\"}", "withheld"),
+        ] {
+            assert_eq!(safe_code(code), Value::from(shown), "{code}");
+        }
+        assert_eq!(safe_code(&"x".repeat(65)), Value::from("withheld"));
     }
 
     /// A queue that never drains: fail closed refuses, drop counts and passes.

@@ -110,6 +110,85 @@ pub fn require_caller(caller: Option<&Caller>) -> Result<&Caller, ExecutorError>
     Ok(caller)
 }
 
+/// How the principal of an executor's request is established (DESIGN §1):
+/// the auth context as sent, or — when the deployment requires identity
+/// tokens — the verified token's claims, which the auth context's own
+/// fields must agree with; `agent_id` and `session_id` always come from the
+/// auth context. The one home of this rule, for decisions and the ledger.
+#[derive(Debug, Clone, Default)]
+pub struct Principals {
+    verifier: Option<Arc<dyn IdentityVerifier>>,
+    required: bool,
+}
+
+impl Principals {
+    /// Identity tokens are verified with `verifier`; when `required`, the
+    /// principal comes from them.
+    #[must_use]
+    pub fn new(verifier: Option<Arc<dyn IdentityVerifier>>, required: bool) -> Self {
+        Self { verifier, required }
+    }
+
+    /// The principal of a request whose auth context is `auth`, carrying
+    /// `identity_token`, at `now`. `Ok(Err(_))` is an `unauthorized`
+    /// envelope whose `details.reason` says why (`missing_token`,
+    /// `subject_mismatch`, the token's own failure such as `expired`, …).
+    ///
+    /// # Errors
+    /// [`ExecutorError`] when there is no auth context or, without required
+    /// tokens, it names no subject or tenant.
+    pub fn resolve(
+        &self,
+        auth: Option<&Caller>,
+        identity_token: &str,
+        now: UnixMillis,
+    ) -> Result<Result<Caller, Envelope>, ExecutorError> {
+        if !self.required {
+            return Ok(Ok(require_caller(auth)?.clone()));
+        }
+        let auth =
+            auth.ok_or_else(|| ExecutorError::new("auth", "the auth context is required"))?;
+        let refuse = |reason: &'static str| {
+            Envelope::new(
+                ErrorCode::Unauthorized,
+                "the caller's identity token is missing, invalid, or disagrees with the auth context",
+            )
+            .with("reason", reason)
+        };
+        if identity_token.is_empty() {
+            return Ok(Err(refuse("missing_token")));
+        }
+        let Some(verifier) = &self.verifier else {
+            return Ok(Err(refuse("no_key_set")));
+        };
+        let verified = match verifier.verify(identity_token, now.div_euclid(1000)) {
+            Ok(c) => c,
+            Err(reason) => return Ok(Err(refuse(reason))),
+        };
+        let disagrees = |given: &str, proven: &str| !given.is_empty() && given != proven;
+        fn set(v: &[String]) -> std::collections::BTreeSet<&str> {
+            v.iter().map(String::as_str).collect()
+        }
+        if disagrees(&auth.subject_id, &verified.subject_id) {
+            return Ok(Err(refuse("subject_mismatch")));
+        }
+        if disagrees(&auth.tenant_id, &verified.tenant_id) {
+            return Ok(Err(refuse("tenant_mismatch")));
+        }
+        if !auth.roles.is_empty() && set(&auth.roles) != set(&verified.roles) {
+            return Ok(Err(refuse("roles_mismatch")));
+        }
+        if !auth.scopes.is_empty() && set(&auth.scopes) != set(&verified.scopes) {
+            return Ok(Err(refuse("scopes_mismatch")));
+        }
+        Ok(Ok(Caller {
+            agent_id: auth.agent_id.clone(),
+            session_id: auth.session_id.clone(),
+            ..verified
+        }))
+    }
+}
+
 /// `tool_not_found` for a name the model or executor gave, echoed safely.
 #[must_use]
 pub fn unknown_tool(name: &str) -> Envelope {
@@ -160,6 +239,9 @@ pub struct AuthorizeOutcome {
     pub tool_version: String,
     /// Determining policy ids: for the audit log, never for the model.
     pub policies: Vec<String>,
+    /// The principal the call was decided for (`None` when it could not be
+    /// established): what `begin_execution` keys the ledger by.
+    pub principal: Option<Caller>,
 }
 
 /// The orchestrator of one decision.
@@ -173,8 +255,7 @@ pub struct ToolCallAuthorizer {
     audit: Arc<Audit>,
     metrics: Arc<Metrics>,
     limits: Arc<RateLimits>,
-    identity: Option<Arc<dyn IdentityVerifier>>,
-    require_identity_token: bool,
+    principals: Principals,
 }
 
 /// What the pipeline knows of a call after hashing: shared by every answer from there on.
@@ -205,8 +286,7 @@ impl ToolCallAuthorizer {
             audit: Arc::new(Audit::disabled()),
             metrics: Arc::new(Metrics::default()),
             limits: Arc::new(RateLimits::default()),
-            identity: None,
-            require_identity_token: false,
+            principals: Principals::default(),
         }
     }
 
@@ -240,8 +320,7 @@ impl ToolCallAuthorizer {
         verifier: Option<Arc<dyn IdentityVerifier>>,
         required: bool,
     ) -> Self {
-        self.identity = verifier;
-        self.require_identity_token = required;
+        self.principals = Principals::new(verifier, required);
         self
     }
 
@@ -270,8 +349,8 @@ impl ToolCallAuthorizer {
         input: &AuthorizeInput,
     ) -> Result<AuthorizeOutcome, ExecutorError> {
         let started = Instant::now();
-        let (mut outcome, principal) = self.evaluate(input).await?;
-        let event = AuditEvent::decision(input, principal.as_ref(), &outcome, started.elapsed());
+        let mut outcome = self.evaluate(input).await?;
+        let event = AuditEvent::decision(input, &outcome, started.elapsed());
         if self.audit.record(event).await.is_err() {
             // Fail closed: no decision leaves unaudited. Nothing ran, and a
             // consumed approval stays usable by this same key.
@@ -294,63 +373,17 @@ impl ToolCallAuthorizer {
         Ok(outcome)
     }
 
-    /// The principal of a call: the verified identity token's claims when
-    /// one is required (explicit auth fields must agree), else the auth
-    /// context as the executor sent it.
+    /// The principal of a call (see [`Principals`]).
     fn principal(&self, input: &AuthorizeInput) -> Result<Result<Caller, Envelope>, ExecutorError> {
-        if !self.require_identity_token {
-            return Ok(Ok(require_caller(input.caller.as_ref())?.clone()));
-        }
-        let auth = input
-            .caller
-            .as_ref()
-            .ok_or_else(|| ExecutorError::new("auth", "the auth context is required"))?;
-        let refuse = |reason: &'static str| {
-            Envelope::new(
-                ErrorCode::Unauthorized,
-                "the caller's identity token is missing, invalid, or disagrees with the auth context",
-            )
-            .with("reason", reason)
-        };
-        if input.identity_token.is_empty() {
-            return Ok(Err(refuse("missing_token")));
-        }
-        let Some(verifier) = &self.identity else {
-            return Ok(Err(refuse("no_key_set")));
-        };
-        let verified =
-            match verifier.verify(&input.identity_token, self.clock.now_ms().div_euclid(1000)) {
-                Ok(c) => c,
-                Err(reason) => return Ok(Err(refuse(reason))),
-            };
-        let disagrees = |given: &str, proven: &str| !given.is_empty() && given != proven;
-        fn set(v: &[String]) -> std::collections::BTreeSet<&str> {
-            v.iter().map(String::as_str).collect()
-        }
-        if disagrees(&auth.subject_id, &verified.subject_id) {
-            return Ok(Err(refuse("subject_mismatch")));
-        }
-        if disagrees(&auth.tenant_id, &verified.tenant_id) {
-            return Ok(Err(refuse("tenant_mismatch")));
-        }
-        if !auth.roles.is_empty() && set(&auth.roles) != set(&verified.roles) {
-            return Ok(Err(refuse("roles_mismatch")));
-        }
-        if !auth.scopes.is_empty() && set(&auth.scopes) != set(&verified.scopes) {
-            return Ok(Err(refuse("scopes_mismatch")));
-        }
-        Ok(Ok(Caller {
-            agent_id: auth.agent_id.clone(),
-            session_id: auth.session_id.clone(),
-            ..verified
-        }))
+        self.principals.resolve(
+            input.caller.as_ref(),
+            &input.identity_token,
+            self.clock.now_ms(),
+        )
     }
 
-    /// The pipeline itself; returns the outcome and the principal it ran as.
-    async fn evaluate(
-        &self,
-        input: &AuthorizeInput,
-    ) -> Result<(AuthorizeOutcome, Option<Caller>), ExecutorError> {
+    /// The pipeline itself.
+    async fn evaluate(&self, input: &AuthorizeInput) -> Result<AuthorizeOutcome, ExecutorError> {
         // The whole decision runs on one policy set, even across a reload.
         let engine = self.engine.load_full();
         let principal = self.principal(input)?;
@@ -375,13 +408,15 @@ impl ToolCallAuthorizer {
             policy_version: engine.version().to_owned(),
             tool_version: String::new(),
             policies: Vec::new(),
+            principal: None,
         };
         let caller = match principal {
             Ok(c) => c,
-            Err(envelope) => return Ok((out.deny(envelope), None)),
+            Err(envelope) => return Ok(out.deny(envelope)),
         };
-        let out = self.decide(input, &engine, &caller, entities, out).await?;
-        Ok((out, Some(caller)))
+        let mut out = self.decide(input, &engine, &caller, entities, out).await?;
+        out.principal = Some(caller);
+        Ok(out)
     }
 
     /// The checks after the principal is known, in DESIGN §2's order.

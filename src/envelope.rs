@@ -317,6 +317,12 @@ impl ErrorCode {
     pub const fn as_str(self) -> &'static str {
         self.info().code
     }
+
+    /// The code whose wire string is `s`, if it is one of ours.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
+    }
 }
 
 /// One non-allow answer: a code with its message and details.

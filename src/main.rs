@@ -423,6 +423,8 @@ async fn serve_on(
     use toolgate::grpc::{Listener, ServeOptions, TlsPem};
 
     let metrics = Arc::new(toolgate::metrics::Metrics::default());
+    // Before anything is served: a scrape never misses the policy series.
+    metrics.watch_policies(Arc::clone(&policies));
     let audit = Arc::new(toolgate::audit::Audit::start(&config.audit, Arc::clone(&metrics)).await?);
     let verifier: Option<Arc<dyn toolgate::approval_desk::IdentityVerifier>> =
         match &config.jwks_file {
@@ -519,14 +521,18 @@ async fn serve_on(
         )))
         .with_identity(verifier.clone(), config.require_identity_token),
     );
-    let ledger = Arc::new(toolgate::ledger_desk::LedgerDesk::new(
-        Arc::clone(&engine),
-        Arc::clone(&store),
-        Arc::clone(&clock),
-        config.ledger.clone(),
-        config.authorizer.limits,
-        config.authorizer.violation_cap,
-    ));
+    let ledger = Arc::new(
+        toolgate::ledger_desk::LedgerDesk::new(
+            Arc::clone(&engine),
+            Arc::clone(&store),
+            Arc::clone(&clock),
+            config.ledger.clone(),
+            config.authorizer.limits,
+            config.authorizer.violation_cap,
+        )
+        .with_identity(verifier.clone(), config.require_identity_token)
+        .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
+    );
     let desk = Arc::new(
         toolgate::approval_desk::ApprovalDesk::new(engine, store, clock, verifier, events)
             .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),

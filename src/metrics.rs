@@ -5,16 +5,25 @@
 //! `unknown` (the model writes the tool name; it must not mint series), and
 //! codes, decisions and states come from fixed tables. This module counts;
 //! it decides nothing and never sees arguments or tokens.
+//!
+//! The policy reloader keeps its own counters ([`crate::policy::ReloadMetrics`]);
+//! they and the live `policy_version` are read at each scrape, so the
+//! exported values are the reloader's, never a copy that could drift.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::policy::PolicyReloader;
 
 /// The label value for a tool name that is not loaded.
 pub const UNKNOWN_TOOL: &str = "unknown";
@@ -43,6 +52,14 @@ struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LedgerLabels {
+    operation: &'static str,
+    tool: String,
+    outcome: &'static str,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ScopeLabels {
     scope: &'static str,
 }
@@ -66,7 +83,8 @@ pub struct Metrics {
     decision_latency: Family<DecisionKindLabels, Histogram, fn() -> Histogram>,
     approvals: Family<StateLabels, Counter>,
     approval_decisions: Family<OutcomeLabels, Counter>,
-    ledger: Family<OutcomeLabels, Counter>,
+    ledger: Family<LedgerLabels, Counter>,
+    policies: Arc<OnceLock<Arc<PolicyReloader>>>,
     rate_limited: Family<ScopeLabels, Counter>,
     access_denied: Family<ServiceLabels, Counter>,
     store_errors: Counter,
@@ -105,12 +123,16 @@ impl Default for Metrics {
             "DecideApproval calls by outcome (approved, rejected, or the refusal code)",
             approval_decisions.clone(),
         );
-        let ledger = Family::<OutcomeLabels, Counter>::default();
+        let ledger = Family::<LedgerLabels, Counter>::default();
         registry.register(
             "ledger_transitions",
-            "Execution ledger calls by operation and outcome",
+            "Execution ledger calls by operation (begin, complete, reconcile), tool, \
+             outcome (begin: acquired, in_progress, completed, reconcile_required, refused; \
+             complete and reconcile: ok, not_found or the answer's code) and the state after",
             ledger.clone(),
         );
+        let policies = Arc::new(OnceLock::new());
+        registry.register_collector(Box::new(PolicyCollector(Arc::clone(&policies))));
         let rate_limited = Family::<ScopeLabels, Counter>::default();
         registry.register(
             "rate_limited",
@@ -154,6 +176,7 @@ impl Default for Metrics {
             approvals,
             approval_decisions,
             ledger,
+            policies,
             rate_limited,
             access_denied,
             store_errors,
@@ -195,11 +218,30 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts one ledger call by operation and outcome.
-    pub fn ledger(&self, operation: &'static str, outcome: &'static str) {
+    /// Counts one ledger call. `tool` must be a loaded tool's name or
+    /// [`UNKNOWN_TOOL`]; `outcome` and `state` come from fixed tables
+    /// (`state` is `none` when there is no record).
+    pub fn ledger(
+        &self,
+        operation: &'static str,
+        tool: &str,
+        outcome: &'static str,
+        state: &'static str,
+    ) {
         self.ledger
-            .get_or_create(&OutcomeLabels { operation, outcome })
+            .get_or_create(&LedgerLabels {
+                operation,
+                tool: tool.to_owned(),
+                outcome,
+                state,
+            })
             .inc();
+    }
+
+    /// Exports `reloader`'s reload counters and live policy version from
+    /// now on. The first reloader given is the one exported.
+    pub fn watch_policies(&self, reloader: Arc<PolicyReloader>) {
+        let _ = self.policies.set(reloader);
     }
 
     /// Counts a call refused by a rate limit of `scope`.
@@ -242,6 +284,45 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+/// Reads the policy reloader at each scrape:
+/// `toolgate_policy_reloads_total{result}` and
+/// `toolgate_policy_version_info{policy_version} 1`.
+#[derive(Debug)]
+struct PolicyCollector(Arc<OnceLock<Arc<PolicyReloader>>>);
+
+impl Collector for PolicyCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(reloader) = self.0.get() else {
+            return Ok(());
+        };
+        let counts = reloader.metrics();
+        {
+            let mut family = encoder.encode_descriptor(
+                "policy_reloads",
+                "Policy reloads by result: succeeded (a valid set loaded, changed or not) \
+                 or failed (refused; the last good set stayed live)",
+                None,
+                MetricType::Counter,
+            )?;
+            for (result, n) in [
+                ("succeeded", counts.succeeded()),
+                ("failed", counts.failed()),
+            ] {
+                ConstCounter::new(n).encode(family.encode_family(&[("result", result)])?)?;
+            }
+        }
+        let version = reloader.live().load().version().to_owned();
+        let mut family = encoder.encode_descriptor(
+            "policy_version_info",
+            "The live policy set: always 1, labelled with its policy_version",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(1_i64)
+            .encode(family.encode_family(&[("policy_version", version.as_str())])?)
     }
 }
 

@@ -73,7 +73,7 @@ impl AuthorizationApi {
             .map_err(|e| convert::executor_status(&e))?;
         let execution = if begin_execution {
             self.ledger
-                .begin_allowed(input.caller.as_ref(), &input.tool, &outcome, lease_ms)
+                .begin_allowed(&outcome, &input.tool, lease_ms, peer)
                 .await
         } else {
             None
@@ -100,6 +100,7 @@ fn response(o: AuthorizeOutcome, execution: Option<BeginAnswer>) -> pb::Authoriz
         policy_version,
         tool_version,
         policies: _,
+        principal: _,
     } = o;
     pb::AuthorizeResponse {
         decision: convert::decision(decision).into(),

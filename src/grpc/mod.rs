@@ -225,6 +225,8 @@ pub async fn serve_with(
     };
     let ledger = LedgerServiceServer::new(ledger::LedgerApi::new(ledger));
     let policy = PolicyServiceServer::new(policy::PolicyApi::new(Arc::clone(&policies)));
+    // Exported from here on (a no-op when `main` already did it).
+    options.metrics.watch_policies(Arc::clone(&policies));
     // Reloads need nobody to ask either; the watch stops with the server.
     let reloads = tokio::spawn(crate::policy::start_reloads(policies, reload));
 

@@ -10,13 +10,12 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use toolgate::audit::{AuditConfig, AuditSink};
 use toolgate::grpc::pb::approval_service_client::ApprovalServiceClient;
 use toolgate::grpc::pb::{self, Decision};
 
 use crate::support::{
-    Setup, TestServer, agent_bob, code, details, request, signed, token, unix_now,
+    Setup, TestServer, agent_bob, code, details, request, series, signed, token, unix_now,
 };
 
 const SECRET: &str = "SECRET-4111-1111-1111-1111";
@@ -347,43 +346,10 @@ async fn rate_limits_answer_rate_limited_with_retry_after() {
     server.stop().await;
 }
 
-/// `GET /metrics` over HTTP/1.1 on a plain socket.
-async fn scrape(addr: std::net::SocketAddr) -> String {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut body))
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    assert!(body.contains("application/openmetrics-text"), "{body}");
-    body
-}
-
-/// The value of one exact series line, 0 when absent.
-fn series(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
-        .map_or(0, |v| v.trim().parse().unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_metrics_endpoint_counts_exactly_what_happened() {
     let server = TestServer::start().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let endpoint = tokio::spawn(toolgate::metrics::serve(
-        listener,
-        std::sync::Arc::clone(&server.metrics),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let endpoint = server.metrics_endpoint().await;
     let allow = r#"toolgate_decisions_total{tool="refund_order",decision="allow",code=""}"#;
     let violation =
         r#"toolgate_decisions_total{tool="refund_order",decision="deny",code="schema_violation"}"#;
@@ -391,7 +357,7 @@ async fn the_metrics_endpoint_counts_exactly_what_happened() {
         r#"toolgate_decisions_total{tool="unknown",decision="deny",code="tool_not_found"}"#;
     let pending = r#"toolgate_approvals_total{state="pending"}"#;
     let latency = r#"toolgate_decision_duration_seconds_count{decision="allow"}"#;
-    let before = scrape(addr).await;
+    let before = endpoint.scrape().await;
 
     let mut client = server.client().await;
     for i in 0..3 {
@@ -427,7 +393,7 @@ async fn the_metrics_endpoint_counts_exactly_what_happened() {
         .into_inner();
     assert_eq!(big.decision(), Decision::ApprovalRequired);
 
-    let after = scrape(addr).await;
+    let after = endpoint.scrape().await;
     assert_eq!(series(&after, allow) - series(&before, allow), 3, "{after}");
     assert_eq!(
         series(&after, violation) - series(&before, violation),
@@ -450,7 +416,398 @@ async fn the_metrics_endpoint_counts_exactly_what_happened() {
         "{after}"
     );
     assert!(!after.contains("transfer_all_funds"), "{after}");
-    let _ = stop.send(());
-    endpoint.await.unwrap().unwrap();
+    endpoint.stop().await;
+    server.stop().await;
+}
+
+/// The series of one ledger count.
+fn ledger_series(operation: &str, tool: &str, outcome: &str, state: &str) -> String {
+    format!(
+        "toolgate_ledger_transitions_total{{operation=\"{operation}\",tool=\"{tool}\",outcome=\"{outcome}\",state=\"{state}\"}}"
+    )
+}
+
+/// The ledger, audited and counted transition by transition, with the
+/// principal from the executor's identity token: an operation begun by
+/// `Authorize` with `begin_execution`, completed with a result holding a
+/// secret, retried (COMPLETED, nothing runs twice) and completed again with
+/// a stale token; a second operation that ends UNKNOWN with an executor
+/// error holding the secret and is reconciled; a begin without a token; a
+/// reconciliation of a key nobody has. The audit file holds exactly one
+/// event per call with the fields below and never a result, an executor's
+/// message, the secret or a token; the metrics endpoint counts each by
+/// tool, outcome and state, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_ledger_transition_is_audited_and_counted() {
+    use toolgate::grpc::pb::{BeginOutcome, CompletionStatus, ExecutionState};
+    let dir = tempfile::tempdir().unwrap();
+    let audit_path = dir.path().join("audit.jsonl");
+    let server = TestServer::start_setup(Setup {
+        audit: Some(AuditConfig {
+            sink: AuditSink::File(audit_path.clone()),
+            ..AuditConfig::default()
+        }),
+        require_identity_token: true,
+        ..Setup::default()
+    })
+    .await;
+    let endpoint = server.metrics_endpoint().await;
+    let before = endpoint.scrape().await;
+    let mut client = server.client().await;
+    let mut ledger = server.ledger().await;
+    let bob = executor_token("bob");
+    let result = format!(r#"{{"refund_id":"re_1","amount_cents":2500,"receipt":"{SECRET}"}}"#);
+
+    // A: decided and begun in one call.
+    let mut a = request("refund_order", &refund(2500));
+    a.auth = Some(token_auth(&bob));
+    a.request_id = "ledger-a".into();
+    a.begin_execution = true;
+    let decided = client.authorize(a).await.unwrap().into_inner();
+    assert_eq!(decided.decision(), Decision::Allow, "{:?}", decided.error);
+    let begun = decided.execution.clone().unwrap();
+    assert_eq!(
+        (begun.outcome(), begun.attempt),
+        (BeginOutcome::Acquired, 1)
+    );
+    let key_a = decided.idempotency_key.clone();
+    let complete = |key: &str, token: u64, status: CompletionStatus, result: &str| {
+        pb::CompleteExecutionRequest {
+            auth: Some(token_auth(&bob)),
+            idempotency_key: key.to_owned(),
+            fencing_token: token,
+            status: status.into(),
+            result_json: result.to_owned(),
+            error: None,
+        }
+    };
+    let done = ledger
+        .complete_execution(complete(
+            &key_a,
+            begun.fencing_token,
+            CompletionStatus::Succeeded,
+            &result,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.state(), ExecutionState::Succeeded, "{:?}", done.error);
+    let begin_a = pb::BeginExecutionRequest {
+        auth: Some(token_auth(&bob)),
+        idempotency_key: key_a.clone(),
+        arguments_sha256: decided.arguments_sha256.clone(),
+        tool: "refund_order".into(),
+        lease_ms: 0,
+    };
+    let retried = ledger
+        .begin_execution(begin_a.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(retried.outcome(), BeginOutcome::Completed);
+    let stale = ledger
+        .complete_execution(complete(
+            &key_a,
+            begun.fencing_token + 1000,
+            CompletionStatus::Succeeded,
+            &result,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stale.error.unwrap().code, "lease_lost");
+
+    // B: decided, then begun on the LedgerService; the executor times out
+    // (its error names the secret), then reconciles: it was applied.
+    let mut b = request("refund_order", &refund(3000));
+    b.auth = Some(token_auth(&bob));
+    b.request_id = "ledger-b".into();
+    let decided_b = client.authorize(b).await.unwrap().into_inner();
+    assert_eq!(decided_b.decision(), Decision::Allow);
+    let key_b = decided_b.idempotency_key.clone();
+    let begun_b = ledger
+        .begin_execution(pb::BeginExecutionRequest {
+            idempotency_key: key_b.clone(),
+            arguments_sha256: decided_b.arguments_sha256.clone(),
+            ..begin_a.clone()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(begun_b.outcome(), BeginOutcome::Acquired);
+    let mut unknown = complete(&key_b, begun_b.fencing_token, CompletionStatus::Unknown, "");
+    unknown.error = Some(pb::ErrorEnvelope {
+        code: "gateway_timeout".into(),
+        message: format!("card {SECRET} timed out at the processor"),
+        ..pb::ErrorEnvelope::default()
+    });
+    let unknown = ledger
+        .complete_execution(unknown)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(unknown.state(), ExecutionState::Unknown);
+    let reconciled = ledger
+        .reconcile_execution(pb::ReconcileExecutionRequest {
+            auth: Some(token_auth(&bob)),
+            idempotency_key: key_b.clone(),
+            applied: true,
+            result_json: result.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reconciled.state(), ExecutionState::Succeeded);
+    // The records are the token's tenant's: readable with the token…
+    let record = ledger
+        .get_execution(pb::GetExecutionRequest {
+            auth: Some(token_auth(&bob)),
+            idempotency_key: key_b.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(record.execution.unwrap().state(), ExecutionState::Succeeded);
+    // …and by nobody without one.
+    let mut no_token = agent_bob();
+    no_token.identity_token = String::new();
+    let refused_get = ledger
+        .get_execution(pb::GetExecutionRequest {
+            auth: Some(no_token.clone()),
+            idempotency_key: key_b.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused_get.code(), tonic::Code::Unauthenticated);
+
+    // C: a begin without a token is refused; D: a reconciliation of a key
+    // nobody has.
+    let refused = ledger
+        .begin_execution(pb::BeginExecutionRequest {
+            auth: Some(no_token),
+            ..begin_a.clone()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (refused.outcome(), refused.error.unwrap().code.as_str()),
+        (BeginOutcome::Refused, "unauthorized")
+    );
+    let missing = ledger
+        .reconcile_execution(pb::ReconcileExecutionRequest {
+            auth: Some(token_auth(&bob)),
+            idempotency_key: "refund_order:nobody".into(),
+            applied: false,
+            result_json: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+
+    assert!(server.audit.flush(Duration::from_secs(5)).await);
+    let text = std::fs::read_to_string(&audit_path).unwrap();
+    for leak in [SECRET, "re_1", "timed out", "gateway_timeout\"", "receipt"] {
+        assert!(
+            !text.contains(leak),
+            "`{leak}` reached the audit log:\n{text}"
+        );
+    }
+    let signature = bob.rsplit('.').next().unwrap();
+    assert!(!text.contains(signature), "a token reached the audit log");
+    let events = audit_lines(&audit_path);
+    let kinds: Vec<(&str, &str)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap(),
+                e["operation"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("decision", ""),
+            ("ledger", "begin"),
+            ("ledger", "complete"),
+            ("ledger", "begin"),
+            ("ledger", "complete"),
+            ("decision", ""),
+            ("ledger", "begin"),
+            ("ledger", "complete"),
+            ("ledger", "reconcile"),
+            ("ledger", "begin"),
+            ("ledger", "reconcile"),
+        ],
+        "{text}"
+    );
+    let mut fields = vec![
+        "time",
+        "event",
+        "operation",
+        "decision_id",
+        "tenant",
+        "subject",
+        "agent",
+        "session",
+        "peer",
+        "idempotency_key",
+        "arguments_sha256",
+        "tool",
+        "tool_version",
+        "policy_version",
+        "reported",
+        "outcome",
+        "state",
+        "code",
+        "fencing_token",
+        "attempt",
+        "latency_us",
+    ];
+    fields.sort_unstable();
+    let sha_a = decided.arguments_sha256.as_str();
+    let sha_b = decided_b.arguments_sha256.as_str();
+    let (t_a, t_b) = (begun.fencing_token, begun_b.fencing_token);
+    let row = |decision_id: &str,
+               key: &str,
+               sha: &str,
+               (reported, outcome, state, code): (&str, &str, &str, &str),
+               (token, attempt): (u64, u32)| {
+        serde_json::json!({
+            "decision_id": decision_id, "idempotency_key": key, "arguments_sha256": sha,
+            "reported": reported, "outcome": outcome, "state": state, "code": code,
+            "fencing_token": token, "attempt": attempt,
+        })
+    };
+    let (a, b) = (key_a.as_str(), key_b.as_str());
+    let expected = [
+        (
+            1,
+            row(
+                &decided.decision_id,
+                a,
+                sha_a,
+                ("", "acquired", "IN_PROGRESS", ""),
+                (t_a, 1),
+            ),
+        ),
+        (
+            2,
+            row("", a, sha_a, ("succeeded", "ok", "SUCCEEDED", ""), (t_a, 1)),
+        ),
+        (
+            3,
+            row("", a, sha_a, ("", "completed", "SUCCEEDED", ""), (0, 1)),
+        ),
+        (
+            4,
+            row(
+                "",
+                a,
+                sha_a,
+                ("succeeded", "lease_lost", "SUCCEEDED", "lease_lost"),
+                (t_a + 1000, 1),
+            ),
+        ),
+        (
+            6,
+            row("", b, sha_b, ("", "acquired", "IN_PROGRESS", ""), (t_b, 1)),
+        ),
+        (
+            7,
+            row(
+                "",
+                b,
+                sha_b,
+                ("unknown", "timeout_unknown", "UNKNOWN", "timeout_unknown"),
+                (t_b, 1),
+            ),
+        ),
+        (
+            8,
+            row("", b, sha_b, ("applied", "ok", "SUCCEEDED", ""), (0, 1)),
+        ),
+        (
+            9,
+            row("", a, sha_a, ("", "refused", "", "unauthorized"), (0, 0)),
+        ),
+        (
+            10,
+            row(
+                "",
+                "refund_order:nobody",
+                "",
+                ("not_applied", "not_found", "", ""),
+                (0, 0),
+            ),
+        ),
+    ];
+    for (i, want) in expected {
+        let e = &events[i];
+        let mut keys: Vec<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, fields, "{e}");
+        for (field, value) in want.as_object().unwrap() {
+            assert_eq!(&e[field], value, "{field} of {e}");
+        }
+        assert_eq!(e["policy_version"], decided.policy_version, "{e}");
+        assert!(e["latency_us"].as_u64().is_some(), "{e}");
+        // The principal is the token's; without a token there is none.
+        let who = if i == 9 {
+            ("", "", "")
+        } else {
+            ("acme", "bob", "support-bot")
+        };
+        assert_eq!(
+            (&e["tenant"], &e["subject"], &e["agent"]),
+            (
+                &Value::from(who.0),
+                &Value::from(who.1),
+                &Value::from(who.2)
+            ),
+            "{e}"
+        );
+        let (tool, version) = if i == 10 {
+            ("", "")
+        } else {
+            ("refund_order", "1.2.0")
+        };
+        assert_eq!(
+            (&e["tool"], &e["tool_version"]),
+            (&Value::from(tool), &Value::from(version)),
+            "{e}"
+        );
+    }
+    assert_eq!(events[0]["decision_id"], decided.decision_id);
+
+    let after = endpoint.scrape().await;
+    for ((operation, tool, outcome, state), n) in [
+        (("begin", "refund_order", "acquired", "IN_PROGRESS"), 2),
+        (("begin", "refund_order", "completed", "SUCCEEDED"), 1),
+        (("begin", "refund_order", "refused", ""), 1),
+        (("complete", "refund_order", "ok", "SUCCEEDED"), 1),
+        (("complete", "refund_order", "lease_lost", "SUCCEEDED"), 1),
+        (
+            ("complete", "refund_order", "timeout_unknown", "UNKNOWN"),
+            1,
+        ),
+        (("reconcile", "refund_order", "ok", "SUCCEEDED"), 1),
+        (("reconcile", "unknown", "not_found", ""), 1),
+    ] {
+        let name = ledger_series(operation, tool, outcome, state);
+        assert_eq!(
+            series(&after, &name) - series(&before, &name),
+            n,
+            "{name}\n{after}"
+        );
+    }
+    let total: u64 = after
+        .lines()
+        .filter(|l| l.starts_with("toolgate_ledger_transitions_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(total, 9, "one count per ledger call:\n{after}");
+    endpoint.stop().await;
     server.stop().await;
 }

@@ -20,6 +20,9 @@ pub fn toolgate() -> Command {
 pub struct Sidecar {
     child: Child,
     pub addr: SocketAddr,
+    /// The metrics listener, when `--metrics-listen` (or `metrics_listen`)
+    /// asked for one.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl Sidecar {
@@ -42,8 +45,9 @@ impl Sidecar {
     }
 
     /// Spawns `command` (a `toolgate serve` listening on `127.0.0.1:0`) and
-    /// reads the bound address from its JSON log line `toolgate serving`
-    /// (bounded: 60 s, then fail).
+    /// reads the bound addresses from its JSON log lines `metrics serving`
+    /// and `toolgate serving`, which come in that order (bounded: 60 s,
+    /// then fail).
     pub fn spawn(mut command: Command) -> Self {
         let mut child = command
             .env("RUST_LOG", "info")
@@ -56,20 +60,30 @@ impl Sidecar {
         // Reads the log to its end, so the child never blocks on a full pipe.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let listen = serde_json::from_str::<serde_json::Value>(&line)
-                    .ok()
-                    .and_then(|v| v["fields"]["listen"].as_str().map(str::to_owned));
-                if let Some(listen) = listen {
-                    let _ = tx.send(listen);
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                for field in ["metrics_listen", "listen"] {
+                    if let Some(addr) = v["fields"][field].as_str() {
+                        let _ = tx.send((field, addr.to_owned()));
+                    }
                 }
             }
         });
-        let listen = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("toolgate serve logged its listen address");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut metrics_addr = None;
+        let addr = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(("listen", addr)) => break addr.parse().unwrap(),
+                Ok((_, addr)) => metrics_addr = Some(addr.parse().unwrap()),
+                Err(e) => panic!("toolgate serve logged no listen address: {e}"),
+            }
+        };
         Self {
             child,
-            addr: listen.parse().unwrap(),
+            addr,
+            metrics_addr,
         }
     }
 

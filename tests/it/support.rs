@@ -193,14 +193,18 @@ impl TestServer {
             )))
             .with_identity(Some(test_verifier()), setup.require_identity_token),
         );
-        let ledger = Arc::new(toolgate::ledger_desk::LedgerDesk::new(
-            Arc::clone(&engine),
-            store.clone(),
-            Arc::clone(&clock),
-            ledger,
-            limits,
-            violation_cap,
-        ));
+        let ledger = Arc::new(
+            toolgate::ledger_desk::LedgerDesk::new(
+                Arc::clone(&engine),
+                store.clone(),
+                Arc::clone(&clock),
+                ledger,
+                limits,
+                violation_cap,
+            )
+            .with_identity(Some(test_verifier()), setup.require_identity_token)
+            .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
+        );
         let desk = Arc::new(
             toolgate::approval_desk::ApprovalDesk::new(
                 engine,
@@ -266,6 +270,22 @@ impl TestServer {
         AuthorizationServiceClient::new(self.channel().await)
     }
 
+    /// The server's metrics served over HTTP on `127.0.0.1:0`, as `main`
+    /// serves them.
+    pub async fn metrics_endpoint(&self) -> MetricsEndpoint {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(toolgate::metrics::serve(
+            listener,
+            Arc::clone(&self.metrics),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        MetricsEndpoint { addr, stop, task }
+    }
+
     pub async fn ledger(&self) -> LedgerServiceClient<Channel> {
         LedgerServiceClient::new(self.channel().await)
     }
@@ -288,6 +308,24 @@ impl Drop for TestServer {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// A running metrics endpoint; [`MetricsEndpoint::stop`] ends it.
+pub struct MetricsEndpoint {
+    pub addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl MetricsEndpoint {
+    pub async fn scrape(&self) -> String {
+        scrape(self.addr).await
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
     }
 }
 
@@ -454,4 +492,29 @@ pub fn bad_request_field(status: &tonic::Status) -> String {
     let details = status.get_error_details();
     let bad = details.bad_request().expect("BadRequest details");
     bad.field_violations.first().unwrap().field.clone()
+}
+
+/// `GET /metrics` over HTTP/1.1 on a plain socket.
+pub async fn scrape(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut body))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.contains("application/openmetrics-text"), "{body}");
+    body
+}
+
+/// The value of one exact series line, 0 when absent.
+pub fn series(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .map_or(0, |v| v.trim().parse().unwrap())
 }
