@@ -1,6 +1,8 @@
 //! The Node.js clients (`clients/node/`) against the real server: the
 //! executor (@grpc/grpc-js + @grpc/proto-loader on `proto/`, no code
-//! generation) runs the refund flow through a human's approval, and a real
+//! generation) runs the refund flow through a human's approval and through
+//! the execution ledger (a retry gets the stored result and never refunds
+//! twice; a lost answer is reconciled), and a real
 //! gRPC-Web client (Connect) decides an approval as a browser UI would, on
 //! the same listener, after a CORS preflight. `scripts/test.sh` installs the
 //! npm dependencies (`npm ci`).
@@ -79,7 +81,7 @@ async fn the_node_clients_run_the_refund_flow_and_grpc_web() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("# pass 6"), "{text}");
+    assert!(text.contains("# pass 8"), "{text}");
     assert!(text.contains("# fail 0"), "{text}");
     server.stop().await;
 }
