@@ -488,6 +488,9 @@ async fn serve_on(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
+    // Metrics stay up until the gRPC server has drained, so the shutdown
+    // itself can be watched (`toolgate_shutting_down`, the last decisions).
+    let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     let metrics_server = match config.metrics_listen {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr)
@@ -497,7 +500,9 @@ async fn serve_on(
             Some(tokio::spawn(toolgate::metrics::serve(
                 l,
                 Arc::clone(&metrics),
-                stopped(),
+                async {
+                    let _ = metrics_stopped.await;
+                },
             )))
         }
         None => None,
@@ -570,6 +575,7 @@ async fn serve_on(
     if !audit.flush(std::time::Duration::from_secs(10)).await {
         tracing::error!("the audit log could not be flushed within 10 s");
     }
+    let _ = metrics_stop.send(());
     if let Some(m) = metrics_server {
         let _ = m.await;
     }

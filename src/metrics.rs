@@ -19,7 +19,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -88,6 +88,7 @@ pub struct Metrics {
     rate_limited: Family<ScopeLabels, Counter>,
     access_denied: Family<ServiceLabels, Counter>,
     store_errors: Counter,
+    shutting_down: Gauge,
     audit_events: Counter,
     audit_dropped: Counter,
     audit_write_errors: Counter,
@@ -151,6 +152,12 @@ impl Default for Metrics {
             "Store operations that failed",
             store_errors.clone(),
         );
+        let shutting_down = Gauge::default();
+        registry.register(
+            "shutting_down",
+            "1 from the shutdown signal on: health is NOT_SERVING, calls drain",
+            shutting_down.clone(),
+        );
         let audit_events = Counter::default();
         registry.register(
             "audit_events",
@@ -180,6 +187,7 @@ impl Default for Metrics {
             rate_limited,
             access_denied,
             store_errors,
+            shutting_down,
             audit_events,
             audit_dropped,
             audit_write_errors,
@@ -261,6 +269,11 @@ impl Metrics {
     /// Counts a failed store operation.
     pub fn store_error(&self) {
         self.store_errors.inc();
+    }
+
+    /// Marks the start of the shutdown (`toolgate_shutting_down` 1).
+    pub fn shutting_down(&self) {
+        self.shutting_down.set(1);
     }
 
     pub(crate) fn audit_written(&self, n: u64) {

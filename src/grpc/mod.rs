@@ -9,6 +9,7 @@ mod access;
 mod approval;
 mod authorization;
 mod convert;
+mod health;
 mod ledger;
 mod listen;
 mod policy;
@@ -170,10 +171,15 @@ pub async fn serve_with(
     use pb::ledger_service_server::LedgerServiceServer;
     use pb::policy_service_server::PolicyServiceServer;
 
-    let (reporter, health) = tonic_health::server::health_reporter();
+    let reporter = tonic_health::server::HealthReporter::new();
     reporter
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
+    // Health watches end once the drain is over (see `health.rs`).
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
+    let health = tonic_health::pb::health_server::HealthServer::new(health::DrainingHealth::new(
+        &reporter, closing,
+    ));
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -258,6 +264,7 @@ pub async fn serve_with(
     let drain = options.drain;
     let signal = {
         let reporter = reporter.clone();
+        let metrics = Arc::clone(&options.metrics);
         async move {
             shutdown.await;
             // Health first, at once: balancers stop sending new work.
@@ -281,7 +288,9 @@ pub async fn serve_with(
                 drain_ms = drain.as_millis(),
                 "shutting down: health is NOT_SERVING"
             );
+            metrics.shutting_down();
             tokio::time::sleep(drain).await;
+            let _ = closing_tx.send(true);
         }
     };
     // In-flight calls get `grace` once the drain is over; then the server

@@ -1,8 +1,12 @@
 //! How it stops: the real `toolgate serve` under load from several
-//! concurrent executors gets SIGTERM. Health turns NOT_SERVING at once; after
-//! the drain no new call is accepted; every call the server decided was
-//! answered (each decision's audit line has its response at a client, and
-//! the other way round); the audit log is complete; the exit status is 0.
+//! concurrent executors, and a load balancer watching health, gets SIGTERM.
+//! Health turns NOT_SERVING at once — for the watcher too, whose stream then
+//! ends with UNAVAILABLE instead of holding the shutdown until the grace
+//! period (a minute here) runs out; the metrics endpoint still serves during
+//! the drain and shows `toolgate_shutting_down 1`; after the drain no new
+//! call is accepted; every call the server decided was answered (each
+//! decision's audit line has its response at a client, and the other way
+//! round); the audit log is complete; the exit status is 0.
 
 use std::ffi::OsString;
 use std::sync::Arc;
@@ -15,9 +19,20 @@ use tonic_health::pb::health_client::HealthClient;
 use toolgate::grpc::pb::authorization_service_client::AuthorizationServiceClient;
 
 use crate::sidecar::Sidecar;
-use crate::support::request;
+use crate::support::{request, scrape, series};
 
 const CLIENTS: usize = 6;
+
+type Watch = tonic::Streaming<tonic_health::pb::HealthCheckResponse>;
+
+/// The watch's next message, within 10 s.
+async fn next(
+    watch: &mut Watch,
+) -> Result<Option<tonic_health::pb::HealthCheckResponse>, tonic::Status> {
+    tokio::time::timeout(Duration::from_secs(10), watch.message())
+        .await
+        .expect("the health watch said nothing for 10 s")
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_loses_no_call_and_exits_zero() {
@@ -27,7 +42,8 @@ async fn sigterm_under_load_loses_no_call_and_exits_zero() {
     std::fs::write(
         &config,
         format!(
-            "[audit]\nsink = {:?}\n[shutdown]\ndrain_ms = 300\ngrace_ms = 5000\n",
+            "metrics_listen = \"127.0.0.1:0\"\n[audit]\nsink = {:?}\n\
+             [shutdown]\ndrain_ms = 500\ngrace_ms = 60000\n",
             format!("file:{}", audit.display()),
         ),
     )
@@ -66,6 +82,16 @@ async fn sigterm_under_load_loses_no_call_and_exits_zero() {
         }));
     }
     let mut health = HealthClient::new(endpoint.connect().await.unwrap());
+    // A load balancer's watch, on its own connection.
+    let mut watch = HealthClient::new(endpoint.connect().await.unwrap())
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = next(&mut watch).await.unwrap().unwrap();
+    assert_eq!(first.status(), ServingStatus::Serving);
     let started = Instant::now();
     while answered.load(Ordering::SeqCst) < 100 {
         assert!(
@@ -103,7 +129,21 @@ async fn sigterm_under_load_loses_no_call_and_exits_zero() {
         not_serving,
         "health never said NOT_SERVING during the drain"
     );
+    // The shutdown is visible in the metrics while it runs.
+    let during = scrape(sidecar.metrics_addr.expect("the metrics listener")).await;
+    assert_eq!(series(&during, "toolgate_shutting_down"), 1, "{during}");
+    let allowed = r#"toolgate_decisions_total{tool="refund_order",decision="allow",code=""}"#;
+    assert!(series(&during, allowed) >= 100, "{during}");
+    // The watcher hears NOT_SERVING, then the stream ends: it does not hold
+    // the shutdown.
+    let changed = next(&mut watch).await.unwrap().unwrap();
+    assert_eq!(changed.status(), ServingStatus::NotServing);
+    let ended = next(&mut watch).await.unwrap_err();
+    assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+    let after = next(&mut watch).await;
+    assert!(matches!(after, Ok(None)), "{after:?}");
 
+    // Well within the minute of grace: nothing held the shutdown.
     let exited = tokio::task::spawn_blocking(move || sidecar.wait_exit(Duration::from_secs(30)))
         .await
         .unwrap();
