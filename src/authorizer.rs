@@ -311,16 +311,11 @@ impl ToolCallAuthorizer {
         self
     }
 
-    /// Verifies executors' identity tokens with `verifier`; when `required`,
-    /// the principal comes from the token's claims and the auth context's
-    /// own fields must agree with them (DESIGN §1).
+    /// Establishes each call's principal with `principals` (by default:
+    /// the auth context as sent).
     #[must_use]
-    pub fn with_identity(
-        mut self,
-        verifier: Option<Arc<dyn IdentityVerifier>>,
-        required: bool,
-    ) -> Self {
-        self.principals = Principals::new(verifier, required);
+    pub fn with_principals(mut self, principals: Principals) -> Self {
+        self.principals = principals;
         self
     }
 

@@ -23,7 +23,6 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use serde_json::Value;
 
-use crate::approval_desk::IdentityVerifier;
 use crate::audit::{Audit, AuditEvent, LedgerAudit};
 use crate::authorizer::{AuthorizeOutcome, Decision, ExecutorError, Principals, unknown_tool};
 use crate::clock::Clock;
@@ -159,6 +158,26 @@ struct Seen<'a> {
     started: Instant,
 }
 
+impl<'a> Seen<'a> {
+    /// A call on the `LedgerService` (no decision began it).
+    const fn request(
+        operation: &'static str,
+        auth: &'a ExecutorAuth,
+        principal: Option<&'a Caller>,
+        idempotency_key: &'a str,
+        started: Instant,
+    ) -> Self {
+        Self {
+            operation,
+            auth,
+            principal,
+            decision_id: "",
+            idempotency_key,
+            started,
+        }
+    }
+}
+
 impl LedgerDesk {
     /// A desk over the live policy engine (for tool contracts). Results are
     /// decoded under `limits`, and at most `violation_cap` output violations
@@ -185,15 +204,11 @@ impl LedgerDesk {
         }
     }
 
-    /// Establishes principals as the authorizer does (see [`Principals`]):
-    /// with `required`, from the verified identity token.
+    /// Establishes each call's principal with `principals`, as the
+    /// authorizer does (by default: the auth context as sent).
     #[must_use]
-    pub fn with_identity(
-        mut self,
-        verifier: Option<Arc<dyn IdentityVerifier>>,
-        required: bool,
-    ) -> Self {
-        self.principals = Principals::new(verifier, required);
+    pub fn with_principals(mut self, principals: Principals) -> Self {
+        self.principals = principals;
         self
     }
 
@@ -259,14 +274,13 @@ impl LedgerDesk {
             }
             Err(refusal) => BeginAnswer::refused(refusal),
         };
-        let seen = Seen {
-            operation: "begin",
-            auth: &auth,
-            principal: principal.as_ref().ok(),
-            decision_id: "",
-            idempotency_key: &idempotency_key,
+        let seen = Seen::request(
+            "begin",
+            &auth,
+            principal.as_ref().ok(),
+            &idempotency_key,
             started,
-        };
+        );
         self.observe_begin(&seen, &tool, &arguments_sha256, &answer)
             .await;
         Ok(answer)
@@ -404,14 +418,13 @@ impl LedgerDesk {
             }
             Err(refusal) => unsettled(refusal),
         };
-        let seen = Seen {
-            operation: "complete",
-            auth: &auth,
-            principal: principal.as_ref().ok(),
-            decision_id: "",
-            idempotency_key: &idempotency_key,
+        let seen = Seen::request(
+            "complete",
+            &auth,
+            principal.as_ref().ok(),
+            &idempotency_key,
             started,
-        };
+        );
         self.observe_settled(&seen, status.as_str(), fencing_token, Some(&settled))
             .await;
         Ok(settled)
@@ -460,14 +473,13 @@ impl LedgerDesk {
             }
             Err(refusal) => Some(unsettled(refusal)),
         };
-        let seen = Seen {
-            operation: "reconcile",
-            auth: &auth,
-            principal: principal.as_ref().ok(),
-            decision_id: "",
-            idempotency_key: &idempotency_key,
+        let seen = Seen::request(
+            "reconcile",
+            &auth,
+            principal.as_ref().ok(),
+            &idempotency_key,
             started,
-        };
+        );
         let reported = if applied { "applied" } else { "not_applied" };
         self.observe_settled(&seen, reported, 0, settled.as_ref())
             .await;

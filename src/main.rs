@@ -439,6 +439,9 @@ async fn serve_on(
                 None
             }
         };
+    // Decisions and the ledger establish principals alike.
+    let principals =
+        toolgate::authorizer::Principals::new(verifier.clone(), config.require_identity_token);
     let tls = match &config.tls {
         Some(files) => {
             let read = |p: &std::path::Path| {
@@ -524,7 +527,7 @@ async fn serve_on(
         .with_rate_limits(Arc::new(toolgate::ratelimit::RateLimits::new(
             &config.rate_limits,
         )))
-        .with_identity(verifier.clone(), config.require_identity_token),
+        .with_principals(principals.clone()),
     );
     let ledger = Arc::new(
         toolgate::ledger_desk::LedgerDesk::new(
@@ -535,7 +538,7 @@ async fn serve_on(
             config.authorizer.limits,
             config.authorizer.violation_cap,
         )
-        .with_identity(verifier.clone(), config.require_identity_token)
+        .with_principals(principals)
         .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
     );
     let desk = Arc::new(

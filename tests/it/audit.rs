@@ -54,8 +54,9 @@ fn audit_lines(path: &std::path::Path) -> Vec<Value> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_audit_log_has_one_event_per_decision_and_no_secrets() {
+/// A server auditing to a file, with the principal from executors' tokens;
+/// the folder holding the file lives as long as the first value.
+async fn audited_server() -> (tempfile::TempDir, std::path::PathBuf, TestServer) {
     let dir = tempfile::tempdir().unwrap();
     let audit_path = dir.path().join("audit.jsonl");
     let server = TestServer::start_setup(Setup {
@@ -67,6 +68,12 @@ async fn the_audit_log_has_one_event_per_decision_and_no_secrets() {
         ..Setup::default()
     })
     .await;
+    (dir, audit_path, server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_log_has_one_event_per_decision_and_no_secrets() {
+    let (_dir, audit_path, server) = audited_server().await;
     let mut client = server.client().await;
     let bob = executor_token("bob");
     let approver = token("dana", "acme", &["support_admin"]);
@@ -440,17 +447,7 @@ fn ledger_series(operation: &str, tool: &str, outcome: &str, state: &str) -> Str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_ledger_transition_is_audited_and_counted() {
     use toolgate::grpc::pb::{BeginOutcome, CompletionStatus, ExecutionState};
-    let dir = tempfile::tempdir().unwrap();
-    let audit_path = dir.path().join("audit.jsonl");
-    let server = TestServer::start_setup(Setup {
-        audit: Some(AuditConfig {
-            sink: AuditSink::File(audit_path.clone()),
-            ..AuditConfig::default()
-        }),
-        require_identity_token: true,
-        ..Setup::default()
-    })
-    .await;
+    let (_dir, audit_path, server) = audited_server().await;
     let endpoint = server.metrics_endpoint().await;
     let before = endpoint.scrape().await;
     let mut client = server.client().await;

@@ -41,6 +41,14 @@ fn denied_reason(status: &tonic::Status) -> String {
         .unwrap_or_default()
 }
 
+/// A ledger read of a key nobody has: NOT_FOUND once past the grants.
+fn no_such_execution() -> pb::GetExecutionRequest {
+    pb::GetExecutionRequest {
+        auth: Some(agent_bob()),
+        idempotency_key: "refund_order:none".into(),
+    }
+}
+
 fn decide_request() -> pb::DecideApprovalRequest {
     pb::DecideApprovalRequest {
         identity_token: token("dana", "acme", &["support_admin"]),
@@ -229,10 +237,7 @@ async fn mutual_tls_maps_certificates_to_grants() {
     assert_eq!(allowed.decision(), Decision::Allow, "{:?}", allowed.error);
     // …reaches its ledger (no such record: the call got past the grants)…
     let missing = LedgerServiceClient::new(channel.clone())
-        .get_execution(pb::GetExecutionRequest {
-            auth: Some(agent_bob()),
-            idempotency_key: "refund_order:none".into(),
-        })
+        .get_execution(no_such_execution())
         .await
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
@@ -263,10 +268,7 @@ async fn mutual_tls_maps_certificates_to_grants() {
         .into_inner();
     assert_eq!(status.policy_version, allowed.policy_version);
     let refused = LedgerServiceClient::new(channel)
-        .get_execution(pb::GetExecutionRequest {
-            auth: Some(agent_bob()),
-            idempotency_key: "refund_order:none".into(),
-        })
+        .get_execution(no_such_execution())
         .await
         .unwrap_err();
     assert_eq!(denied_reason(&refused), "caller_not_granted");

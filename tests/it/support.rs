@@ -178,6 +178,10 @@ impl TestServer {
         let events = Arc::new(
             toolgate::approvals::ApprovalEvents::default().with_metrics(Arc::clone(&metrics)),
         );
+        let principals = toolgate::authorizer::Principals::new(
+            Some(test_verifier()),
+            setup.require_identity_token,
+        );
         let authorizer = Arc::new(
             ToolCallAuthorizer::new(
                 Arc::clone(&engine),
@@ -191,7 +195,7 @@ impl TestServer {
             .with_rate_limits(Arc::new(toolgate::ratelimit::RateLimits::new(
                 &setup.rate_limits,
             )))
-            .with_identity(Some(test_verifier()), setup.require_identity_token),
+            .with_principals(principals.clone()),
         );
         let ledger = Arc::new(
             toolgate::ledger_desk::LedgerDesk::new(
@@ -202,7 +206,7 @@ impl TestServer {
                 limits,
                 violation_cap,
             )
-            .with_identity(Some(test_verifier()), setup.require_identity_token)
+            .with_principals(principals)
             .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
         );
         let desk = Arc::new(
