@@ -3,8 +3,11 @@
 //! file), written by one task so a slow disk never holds a request for long.
 //!
 //! Events carry ids, hashes, the decision, its code and the determining
-//! policies — never raw arguments, display arguments or tokens: the event
-//! builders below take the domain values and copy only those fields.
+//! policies (a ledger event: the operation, outcome, state, code, fencing
+//! token and attempt) — never raw arguments, display arguments, tokens, a
+//! tool's result or an executor's error message or details, any of which
+//! may hold what the tool saw: the event builders below take the domain
+//! values and copy only those fields.
 //!
 //! **When the queue is full.** Requests put events on a bounded queue and the
 //! writer drains it. If the queue stays full for `full_wait`, the default

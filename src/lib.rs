@@ -12,7 +12,8 @@
 //! - [`ledger`]: the execution state machine (DESIGN §5), rules only;
 //!   [`ledger_desk`] checks executors' requests and runs it on the store.
 //! - [`authorizer`]: [`authorizer::ToolCallAuthorizer`], the one home of the
-//!   order of the checks.
+//!   order of the checks, and [`authorizer::Principals`], of who a request
+//!   runs as.
 //! - [`envelope`]: the error codes and the envelope of every non-allow answer.
 //! - [`policy_cases`]: `toolgate test`, policy test cases run through the
 //!   authorizer.
