@@ -65,7 +65,7 @@ pub enum LedgerError {
 }
 
 /// Who sent a ledger request.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct ExecutorAuth {
     /// The auth context as the executor sent it.
     pub caller: Option<Caller>,
@@ -74,6 +74,17 @@ pub struct ExecutorAuth {
     pub identity_token: String,
     /// The transport identity of the connection, for the audit log.
     pub peer: String,
+}
+
+impl std::fmt::Debug for ExecutorAuth {
+    /// Never shows the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecutorAuth")
+            .field("caller", &self.caller)
+            .field("identity_token", &"[REDACTED]")
+            .field("peer", &self.peer)
+            .finish()
+    }
 }
 
 /// A `BeginExecution`, as the executor sent it.
@@ -151,7 +162,8 @@ pub struct LedgerDesk {
 /// metrics need besides the answer.
 struct Seen<'a> {
     operation: &'static str,
-    auth: &'a ExecutorAuth,
+    /// The transport identity.
+    peer: &'a str,
     principal: Option<&'a Caller>,
     decision_id: &'a str,
     idempotency_key: &'a str,
@@ -160,7 +172,7 @@ struct Seen<'a> {
 
 impl<'a> Seen<'a> {
     /// A call on the `LedgerService` (no decision began it).
-    const fn request(
+    fn request(
         operation: &'static str,
         auth: &'a ExecutorAuth,
         principal: Option<&'a Caller>,
@@ -169,7 +181,7 @@ impl<'a> Seen<'a> {
     ) -> Self {
         Self {
             operation,
-            auth,
+            peer: &auth.peer,
             principal,
             decision_id: "",
             idempotency_key,
@@ -308,13 +320,9 @@ impl LedgerDesk {
         let answer = self
             .begin_checked(id, tool, outcome.arguments_sha256.clone(), lease_ms)
             .await;
-        let auth = ExecutorAuth {
-            peer: peer.to_owned(),
-            ..ExecutorAuth::default()
-        };
         let seen = Seen {
             operation: "begin",
-            auth: &auth,
+            peer,
             principal: Some(principal),
             decision_id: &outcome.decision_id,
             idempotency_key: &outcome.idempotency_key,
@@ -576,7 +584,7 @@ impl LedgerDesk {
         LedgerAudit {
             operation: seen.operation,
             principal: seen.principal,
-            peer: &seen.auth.peer,
+            peer: seen.peer,
             decision_id: seen.decision_id,
             idempotency_key: seen.idempotency_key,
             arguments_sha256,
