@@ -24,10 +24,12 @@
     reason = "only serde_json::Value is indexed here, which yields Null and never panics"
 )]
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +44,8 @@ use toolgate::grpc::pb;
 use toolgate::identity::Caller;
 use toolgate::policy::PolicyEngine;
 use toolgate::store::SqliteStore;
+
+use common::{ChildGuard, example_policies};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -191,10 +195,6 @@ struct InProcess {
     policies: usize,
 }
 
-fn example_policies() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies")
-}
-
 fn bob() -> Caller {
     Caller {
         subject_id: "bob".into(),
@@ -331,44 +331,9 @@ async fn in_process(o: &Options) -> Result<InProcess, BoxError> {
 // ---------------------------------------------------------------- over gRPC
 
 /// A child process, killed when dropped.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts the real sidecar on a fresh SQLite file and returns it with its address.
 fn start_toolgate(dir: &Path) -> Result<(ChildGuard, SocketAddr), BoxError> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
-        .arg("serve")
-        .arg("--policies")
-        .arg(example_policies())
-        .args(["--listen", "127.0.0.1:0"])
-        .arg("--store")
-        .arg(format!("sqlite://{}", dir.join("toolgate.db").display()))
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let stderr = child.stderr.take().ok_or("no stderr")?;
-    let guard = ChildGuard(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    // Drains the log (the audit events) for the sidecar's whole life.
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let listen = serde_json::from_str::<Value>(&line)
-                .ok()
-                .and_then(|v| v["fields"]["listen"].as_str().map(str::to_owned));
-            if let Some(listen) = listen {
-                let _ = tx.send(listen);
-            }
-        }
-    });
-    let listen = rx.recv_timeout(Duration::from_secs(60))?;
-    Ok((guard, listen.parse()?))
+    common::start_sidecar(&format!("sqlite://{}", dir.join("toolgate.db").display()))
 }
 
 /// Starts this binary as the echo server, answering `response` to every

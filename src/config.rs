@@ -28,6 +28,7 @@ use crate::decode::Limits;
 use crate::identity::{ClaimNames, VerifierConfig};
 use crate::ledger::LedgerConfig;
 use crate::policy::ReloadTriggers;
+use crate::store::StoreSettings;
 
 /// How long changes to the policy folder must be quiet before a reload.
 pub const DEFAULT_RELOAD_DEBOUNCE: Duration = Duration::from_millis(250);
@@ -38,7 +39,7 @@ use crate::ratelimit::{Limit, RateLimitConfig};
 /// `TOOLGATE_*` variables read by toolgate's clients, examples and test
 /// harness; the server ignores them. Any other `TOOLGATE_*` variable must
 /// name a config key.
-pub const CLIENT_VARIABLES: [&str; 7] = [
+pub const CLIENT_VARIABLES: [&str; 8] = [
     "TOOLGATE_CONFIG",
     "TOOLGATE_ADDR",
     "TOOLGATE_IDENTITY_TOKEN",
@@ -46,6 +47,9 @@ pub const CLIENT_VARIABLES: [&str; 7] = [
     "TOOLGATE_NODE",
     "TOOLGATE_CONFORMANCE_DIR",
     "TOOLGATE_PROTO_DIR",
+    // The PostgreSQL server of the test suite (scripts/test.sh exports it,
+    // so every sidecar a test starts inherits it).
+    "TOOLGATE_TEST_POSTGRES",
 ];
 
 /// The largest clock-skew leeway accepted for identity tokens. A leeway is
@@ -94,7 +98,8 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
 struct RawConfig {
     policies: Option<PathBuf>,
     listen: Option<String>,
-    store: Option<String>,
+    #[serde(default)]
+    store: RawStore,
     jwks_file: Option<PathBuf>,
     issuer: Option<String>,
     audience: Option<String>,
@@ -134,6 +139,53 @@ struct RawLedger {
     retention_seconds: Option<u64>,
     collect_interval_seconds: Option<u64>,
     collect_batch: Option<usize>,
+}
+
+/// `store = "URL"`, or a `[store]` table with the URL and the settings of a
+/// shared database.
+#[derive(Debug, Default)]
+struct RawStore {
+    url: Option<String>,
+    settings: RawStoreSettings,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStoreSettings {
+    url: Option<String>,
+    pool_size: Option<usize>,
+    connect_timeout_ms: Option<u64>,
+    statement_timeout_ms: Option<u64>,
+    health_interval_ms: Option<u64>,
+}
+
+impl<'de> Deserialize<'de> for RawStore {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = RawStore;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a store URL or a [store] table")
+            }
+            fn visit_str<E: serde::de::Error>(self, url: &str) -> Result<RawStore, E> {
+                Ok(RawStore {
+                    url: Some(url.to_owned()),
+                    settings: RawStoreSettings::default(),
+                })
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, map: M) -> Result<RawStore, M::Error> {
+                // Through the table's own derive: its unknown keys are named.
+                let mut settings = RawStoreSettings::deserialize(
+                    serde::de::value::MapAccessDeserializer::new(map),
+                )?;
+                Ok(RawStore {
+                    url: settings.url.take(),
+                    settings,
+                })
+            }
+        }
+        d.deserialize_any(Either)
+    }
 }
 
 /// `[reload]`: how the policy folder is reloaded while serving.
@@ -267,6 +319,8 @@ pub struct Config {
     pub policies: PathBuf,
     pub listen: ListenAddr,
     pub store: String,
+    /// Pool size, timeouts and the health probe of a shared database.
+    pub store_settings: StoreSettings,
     pub jwks_file: Option<PathBuf>,
     /// Issuer, audience, leeway and claim names for identity tokens.
     pub verifier: VerifierConfig,
@@ -465,8 +519,9 @@ impl Config {
             listen,
             store: o
                 .store
-                .or(raw.store)
+                .or(raw.store.url)
                 .unwrap_or_else(|| DEFAULT_STORE.to_owned()),
+            store_settings: store_settings(&raw.store.settings)?,
             jwks_file,
             verifier: verifier_config(
                 o.issuer.or(raw.issuer),
@@ -530,6 +585,45 @@ fn ledger_config(raw: &RawLedger) -> Result<LedgerConfig, ConfigError> {
         });
     }
     Ok(config)
+}
+
+fn store_settings(raw: &RawStoreSettings) -> Result<StoreSettings, ConfigError> {
+    let defaults = StoreSettings::default();
+    let millis = |key: &'static str, v: Option<u64>, default: Duration| match v {
+        None => Ok(default),
+        Some(0) => Err(ConfigError::Invalid {
+            key,
+            reason: "must be positive".into(),
+        }),
+        Some(ms) => Ok(Duration::from_millis(ms)),
+    };
+    Ok(StoreSettings {
+        pool_size: match raw.pool_size {
+            None => defaults.pool_size,
+            Some(0) => {
+                return Err(ConfigError::Invalid {
+                    key: "store.pool_size",
+                    reason: "must be positive".into(),
+                });
+            }
+            Some(n) => n,
+        },
+        connect_timeout: millis(
+            "store.connect_timeout_ms",
+            raw.connect_timeout_ms,
+            defaults.connect_timeout,
+        )?,
+        statement_timeout: millis(
+            "store.statement_timeout_ms",
+            raw.statement_timeout_ms,
+            defaults.statement_timeout,
+        )?,
+        health_interval: millis(
+            "store.health_interval_ms",
+            raw.health_interval_ms,
+            defaults.health_interval,
+        )?,
+    })
 }
 
 fn reload_triggers(raw: &RawReload) -> Result<ReloadTriggers, ConfigError> {
@@ -822,6 +916,69 @@ mod tests {
                 watch: Some(Duration::from_millis(250)),
                 sighup: true
             }
+        );
+    }
+
+    #[test]
+    fn the_store_is_a_url_or_a_table_with_its_settings() {
+        let raw: RawConfig = toml::from_str("store = \"postgres://db/toolgate\"\n").unwrap();
+        let c = Config::from_raw(raw, Overrides::default()).unwrap();
+        assert_eq!(c.store, "postgres://db/toolgate");
+        assert_eq!(c.store_settings, StoreSettings::default());
+        let raw: RawConfig = toml::from_str(
+            "[store]\nurl = \"postgres://db/toolgate\"\npool_size = 4\nconnect_timeout_ms = 500\n\
+             statement_timeout_ms = 1500\nhealth_interval_ms = 250\n",
+        )
+        .unwrap();
+        let c = Config::from_raw(
+            raw,
+            Overrides {
+                store: Some("postgres://other/toolgate".into()),
+                ..Overrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(c.store, "postgres://other/toolgate");
+        assert_eq!(
+            c.store_settings,
+            StoreSettings {
+                pool_size: 4,
+                connect_timeout: Duration::from_millis(500),
+                statement_timeout: Duration::from_millis(1500),
+                health_interval: Duration::from_millis(250),
+            }
+        );
+        assert_eq!(c.store_settings.call_bound(), Duration::from_millis(2000));
+        let c = Config::from_raw(
+            toml::from_str("[store]\npool_size = 2\n").unwrap(),
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.store.as_str(), c.store_settings.pool_size),
+            (DEFAULT_STORE, 2)
+        );
+        for (text, key) in [
+            ("pool_size = 0", "store.pool_size"),
+            ("connect_timeout_ms = 0", "store.connect_timeout_ms"),
+            ("statement_timeout_ms = 0", "store.statement_timeout_ms"),
+            ("health_interval_ms = 0", "store.health_interval_ms"),
+        ] {
+            let raw: RawConfig = toml::from_str(&format!("[store]\n{text}\n")).unwrap();
+            match Config::from_raw(raw, Overrides::default()) {
+                Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        let unknown = toml::from_str::<RawConfig>("[store]\npool = 1\n").unwrap_err();
+        assert!(
+            unknown.to_string().contains("unknown field `pool`"),
+            "{unknown}"
+        );
+        let wrong = toml::from_str::<RawConfig>("store = 3\n").unwrap_err();
+        assert!(
+            wrong.to_string().contains("a store URL or a [store] table"),
+            "{wrong}"
         );
     }
 

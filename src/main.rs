@@ -123,7 +123,8 @@ struct ServeArgs {
     /// `host:port` or `unix:/path`.
     #[arg(long)]
     listen: Option<String>,
-    /// `sqlite:///path/file.db` (default `sqlite://toolgate-data/toolgate.db`).
+    /// `sqlite:///path/file.db` (default `sqlite://toolgate-data/toolgate.db`)
+    /// or `postgres://user@host/db` (several replicas on one database).
     #[arg(long)]
     store: Option<String>,
     #[arg(long)]
@@ -407,20 +408,22 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             )
         })?,
     );
-    let store = toolgate::store::open(&config.store).context("opening the store")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(serve_on(config, policies, store, clock))
+    runtime.block_on(serve_on(config, policies, clock))
 }
 
 async fn serve_on(
     config: Config,
     policies: Arc<PolicyReloader>,
-    store: Arc<dyn toolgate::store::Store>,
     clock: Arc<dyn toolgate::clock::Clock>,
 ) -> anyhow::Result<ExitCode> {
     use toolgate::grpc::{Listener, ServeOptions, TlsPem};
+
+    let store = toolgate::store::open(&config.store, config.store_settings)
+        .await
+        .context("opening the store")?;
 
     let metrics = Arc::new(toolgate::metrics::Metrics::default());
     // Before anything is served: a scrape never misses the policy series.
@@ -542,8 +545,14 @@ async fn serve_on(
         .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
     );
     let desk = Arc::new(
-        toolgate::approval_desk::ApprovalDesk::new(engine, store, clock, verifier, events)
-            .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
+        toolgate::approval_desk::ApprovalDesk::new(
+            engine,
+            Arc::clone(&store),
+            clock,
+            verifier,
+            events,
+        )
+        .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
     );
     let (policy_version, tools) = {
         let e = authorizer.engine();
@@ -556,6 +565,8 @@ async fn serve_on(
         ledger,
         policies,
         reload: config.reload,
+        store,
+        store_probe_interval: config.store_settings.health_interval,
     };
     let options = ServeOptions {
         access: config.access.clone(),
@@ -611,7 +622,15 @@ async fn shutdown_signal() {
 
 fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
     let engine = load_or_report(&args.policies)?;
-    let store = toolgate::store::open(&args.store).context("opening the store")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let store = runtime
+        .block_on(toolgate::store::open(
+            &args.store,
+            toolgate::store::StoreSettings::default(),
+        ))
+        .context("opening the store")?;
     let entities_json = match &args.entities {
         Some(p) => {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
@@ -644,9 +663,6 @@ fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
         identity_token: String::new(),
         peer: String::new(),
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let outcome = runtime.block_on(authorizer.authorize(&input))?;
     let json = serde_json::json!({
         "decision": outcome.decision.as_str(),

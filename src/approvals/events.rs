@@ -3,11 +3,14 @@
 //!
 //! A broadcast channel: publishing never waits for a subscriber, so a slow
 //! or gone watcher cannot block a decision. A watcher that falls behind by
-//! more than the buffer learns it (`Lagged`) and must re-list.
+//! more than the buffer learns it (`Lagged`) and must re-list. Events other
+//! replicas cause arrive through the store's relay; when that relay may
+//! have missed some, it announces a gap, and every current watcher must
+//! re-list too: never a silent gap.
 
 use std::sync::Arc;
 
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 use super::ApprovalRecord;
 
@@ -32,6 +35,8 @@ pub struct ApprovalEvent {
 pub struct ApprovalEvents {
     tx: broadcast::Sender<Arc<ApprovalEvent>>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// How many gaps were announced so far.
+    gaps: Arc<watch::Sender<u64>>,
 }
 
 impl ApprovalEvents {
@@ -39,19 +44,24 @@ impl ApprovalEvents {
     #[must_use]
     pub fn new(capacity: usize) -> Self {
         let (tx, _) = broadcast::channel(capacity.max(1));
-        Self { tx, metrics: None }
+        Self {
+            tx,
+            metrics: None,
+            gaps: Arc::new(watch::Sender::new(0)),
+        }
     }
 
     /// Counts every event by the state the approval enters
-    /// (`toolgate_approvals_total{state}`): every transition is published
-    /// here, so this is the one place that sees them all.
+    /// (`toolgate_approvals_total{state}`): every transition this replica
+    /// makes is published here, so this is the one place that sees them all.
     #[must_use]
     pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
         self.metrics = Some(metrics);
         self
     }
 
-    /// Announces an event; `consumed_by` fills in the consuming key for
+    /// Announces an event this replica caused, and counts it;
+    /// `consumed_by` fills in the consuming key for
     /// [`ApprovalEventKind::Consumed`].
     pub fn publish(
         &self,
@@ -59,6 +69,17 @@ impl ApprovalEvents {
         approval: &ApprovalRecord,
         consumed_by: Option<&str>,
     ) {
+        self.count(kind, approval);
+        self.announce(kind, approval, consumed_by);
+    }
+
+    /// Announces an event another replica caused (and counted): watchers
+    /// here see it, metrics summed over replicas count it once.
+    pub fn relay(&self, kind: ApprovalEventKind, approval: &ApprovalRecord) {
+        self.announce(kind, approval, None);
+    }
+
+    fn count(&self, kind: ApprovalEventKind, approval: &ApprovalRecord) {
         if let Some(m) = &self.metrics {
             m.approval_state(match kind {
                 ApprovalEventKind::Created => "pending",
@@ -71,6 +92,14 @@ impl ApprovalEvents {
                 ApprovalEventKind::Consumed => "consumed",
             });
         }
+    }
+
+    fn announce(
+        &self,
+        kind: ApprovalEventKind,
+        approval: &ApprovalRecord,
+        consumed_by: Option<&str>,
+    ) {
         let mut approval = approval.clone();
         if let Some(key) = consumed_by {
             approval.consumed_by_idempotency_key = Some(key.to_owned());
@@ -83,6 +112,19 @@ impl ApprovalEvents {
     #[must_use]
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<ApprovalEvent>> {
         self.tx.subscribe()
+    }
+
+    /// Tells every current watcher that events may have been missed (the
+    /// feed from other replicas was interrupted): each must list again.
+    pub fn announce_gap(&self) {
+        self.gaps.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Changes whenever a gap is announced after this call; take it
+    /// together with [`Self::subscribe`].
+    #[must_use]
+    pub fn gaps(&self) -> watch::Receiver<u64> {
+        self.gaps.subscribe()
     }
 }
 

@@ -199,6 +199,7 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
             .desk
             .authenticate(&identity_token)
             .map_err(|e| status(&e))?;
+        let mut gaps = self.desk.events().gaps();
         let events = self.desk.events().subscribe();
         let (tx, rx) = mpsc::channel(64);
         let mut stopping = self.stopping.clone();
@@ -207,6 +208,13 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
                 () = forward(events, &tx, &caller.tenant_id) => {}
                 () = async { let _ = stopping.wait_for(|s| *s).await; } => {
                     let notice = Status::unavailable("the server is shutting down; watch again");
+                    let _ = tokio::time::timeout(SHUTDOWN_NOTICE_WAIT, tx.send(Err(notice))).await;
+                }
+                // Other replicas' events may have been missed: never a silent gap.
+                Ok(()) = gaps.changed() => {
+                    let notice = Status::data_loss(
+                        "approval events from other replicas may have been missed; list again and watch anew",
+                    );
                     let _ = tokio::time::timeout(SHUTDOWN_NOTICE_WAIT, tx.send(Err(notice))).await;
                 }
             }

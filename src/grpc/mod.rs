@@ -33,6 +33,7 @@ use crate::authorizer::ToolCallAuthorizer;
 use crate::ledger_desk::LedgerDesk;
 use crate::metrics::Metrics;
 use crate::policy::{PolicyReloader, ReloadTriggers};
+use crate::store::{Store, StoreError};
 
 /// The generated wire types, private to the crate except through `pb`.
 #[allow(
@@ -59,6 +60,8 @@ pub enum ServeError {
     Origin(String),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("the approval event relay: {0}")]
+    Store(#[from] StoreError),
 }
 
 /// The domain services the gRPC surface translates for.
@@ -75,6 +78,11 @@ pub struct Services {
     pub policies: Arc<PolicyReloader>,
     /// What reloads it while the server runs.
     pub reload: ReloadTriggers,
+    /// The store the desks share: health follows it, and a shared one
+    /// relays other replicas' approval events to this server's watchers.
+    pub store: Arc<dyn Store>,
+    /// How often health asks the store whether it answers.
+    pub store_probe_interval: std::time::Duration,
 }
 
 /// A bound listener.
@@ -152,11 +160,13 @@ pub async fn serve(
 /// the tests alike.
 ///
 /// Health reports NOT_SERVING until the services are wired to a loaded
-/// policy set, SERVING after, and NOT_SERVING again the moment `shutdown`
-/// resolves. Then, after `drain`, no new connection or call is accepted;
-/// calls in flight finish, for at most `grace`. gRPC-Web (HTTP/1.1) is
-/// served on the same listener. The policy reloader runs for as long as
-/// the server does.
+/// policy set, SERVING after; then, for the whole server and each service
+/// that needs the store, NOT_SERVING while the store does not answer; and
+/// NOT_SERVING again, for good, the moment `shutdown` resolves. Then, after
+/// `drain`, no new connection or call is accepted; calls in flight finish,
+/// for at most `grace`. gRPC-Web (HTTP/1.1) is served on the same listener.
+/// The policy reloader, and the relay of other replicas' approval events,
+/// run for as long as the server does.
 ///
 /// # Errors
 /// [`ServeError`] when the transport fails.
@@ -192,7 +202,13 @@ pub async fn serve_with(
         ledger,
         policies,
         reload,
+        store,
+        store_probe_interval,
     } = services;
+    // Before anything is served, so no watcher subscribes before it listens.
+    let relay = store
+        .relay_approval_events(Arc::clone(desk.events()))
+        .await?;
     let authorization = AuthorizationServiceServer::new(authorization::AuthorizationApi::new(
         authorizer,
         Arc::clone(&ledger),
@@ -253,6 +269,12 @@ pub async fn serve_with(
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
+    let probe = tokio::spawn(follow_store(
+        store,
+        reporter.clone(),
+        store_probe_interval,
+        stopping.clone(),
+    ));
 
     let routes = Routes::new(health)
         .add_service(reflection)
@@ -262,11 +284,16 @@ pub async fn serve_with(
         .add_service(policy);
 
     let drain = options.drain;
+    let probe_stop = probe.abort_handle();
     let signal = {
         let reporter = reporter.clone();
         let metrics = Arc::clone(&options.metrics);
         async move {
             shutdown.await;
+            // The store probe stops first, so it cannot set SERVING again
+            // after the NOT_SERVING below.
+            probe.abort();
+            let _ = probe.await;
             // Health first, at once: balancers stop sending new work.
             reporter
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
@@ -329,6 +356,10 @@ pub async fn serve_with(
     sweeper.abort();
     collector.abort();
     reloads.abort();
+    probe_stop.abort();
+    if let Some(relay) = relay {
+        relay.abort();
+    }
     if let Some(path) = socket_path {
         let _ = std::fs::remove_file(path);
     }
@@ -402,4 +433,57 @@ fn cors(origins: &[String]) -> Result<tower_http::cors::CorsLayer, ServeError> {
             "grpc-status-details-bin",
         ]))
         .max_age(Duration::from_secs(600)))
+}
+
+/// Health follows the store: NOT_SERVING for the whole server and for each
+/// service that needs the store while it does not answer, SERVING again once
+/// it does; stops when the server starts shutting down.
+async fn follow_store(
+    store: Arc<dyn Store>,
+    reporter: tonic_health::server::HealthReporter,
+    every: std::time::Duration,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) {
+    use pb::approval_service_server::ApprovalServiceServer;
+    use pb::authorization_service_server::AuthorizationServiceServer;
+    use pb::ledger_service_server::LedgerServiceServer;
+    use tonic::server::NamedService;
+    use tonic_health::ServingStatus;
+
+    let names = [
+        "",
+        <AuthorizationServiceServer<authorization::AuthorizationApi> as NamedService>::NAME,
+        <ApprovalServiceServer<approval::ApprovalApi> as NamedService>::NAME,
+        <LedgerServiceServer<ledger::LedgerApi> as NamedService>::NAME,
+    ];
+    let mut answering = true;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopping.wait_for(|s| *s) => return,
+        }
+        let result = store.ping().await;
+        if *stopping.borrow() {
+            return;
+        }
+        if result.is_ok() == answering {
+            continue;
+        }
+        answering = result.is_ok();
+        let status = match &result {
+            Ok(()) => {
+                tracing::info!("the store answers again: SERVING");
+                ServingStatus::Serving
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the store does not answer: NOT_SERVING");
+                ServingStatus::NotServing
+            }
+        };
+        for name in names {
+            reporter.set_service_status(name, status).await;
+        }
+    }
 }

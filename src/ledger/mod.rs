@@ -6,7 +6,7 @@
 //! calls [`Transition::apply`] with it and a fresh fencing token, writes the
 //! [`Write`] that comes back (an update only if the record is still at the
 //! revision it read) and commits. Every rule of §5 lives in this module,
-//! once; the backends (SQLite, and PostgreSQL after it) hold none. This
+//! once; the backends (SQLite and PostgreSQL) hold none. This
 //! module must not do IO, log, or know about gRPC.
 //!
 //! | record is | `BeginExecution` answers |
@@ -229,8 +229,10 @@ pub trait Transition: Send + 'static {
 
     /// The answer and the write, given the record as it is now (`None`:
     /// absent) and `next_token`, a fencing token greater than every token
-    /// the store ever issued. The store persists `next_token` as issued
-    /// only if the written record carries it.
+    /// the store ever issued. A store may count `next_token` as issued
+    /// only if the written record carries it (SQLite's counter) or always
+    /// (PostgreSQL's sequence, which may skip values); it never issues it
+    /// twice.
     fn apply(&self, current: Option<&ExecutionRecord>, next_token: u64) -> (Self::Answer, Write);
 }
 

@@ -5,19 +5,33 @@
 //! outside world and hold no authorization rules of their own: the ledger's
 //! state machine is [`crate::ledger`], which a backend runs inside its
 //! transaction (see [`Store::begin_execution`]).
+//!
+//! Two backends: [`SqliteStore`], one embedded file for one sidecar, and
+//! [`PostgresStore`], one database shared by many replicas (which also
+//! relays approval events between them, see
+//! [`Store::relay_approval_events`]).
 
+mod postgres;
+pub mod scratch;
 mod sqlite;
 
 #[cfg(test)]
-mod ledger_tests;
+mod suite;
 
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval};
+use crate::approvals::{ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::clock::UnixMillis;
-use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled};
+use crate::ledger::{
+    self, BeginAnswer, Collect, ExecutionRecord, ExecutionState, RecordedError, Settled,
+};
+use crate::tools::Risk;
 
 /// Why the store could not answer. Messages are for logs, never for the model.
 #[derive(Debug, thiserror::Error)]
@@ -42,10 +56,57 @@ pub enum StoreError {
     Corrupt(String),
     #[error("the store task failed: {0}")]
     Task(String),
-    #[error("unsupported store url `{0}` (use sqlite:///path/file.db)")]
+    #[error("unsupported store url `{0}` (use sqlite:///path/file.db or postgres://…)")]
     UnsupportedUrl(String),
     #[error("the record changed under a transition (expected revision {expected})")]
     Conflict { expected: u64 },
+    #[error("invalid postgres url: {0}")]
+    PostgresUrl(String),
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("the postgres connection pool: {0}")]
+    Pool(String),
+    #[error("the database did not answer within {ms} ms")]
+    Timeout { ms: u128 },
+    #[error("the transaction conflicted with concurrent ones {tries} times; retry")]
+    Contended { tries: u32 },
+}
+
+/// Settings of a shared database (`[store]` in `toolgate.toml`); the
+/// embedded SQLite file needs none of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreSettings {
+    /// The most connections one sidecar holds.
+    pub pool_size: usize,
+    /// The longest wait for a connection: a new one's TCP connect and
+    /// login, or a free one from a full pool.
+    pub connect_timeout: Duration,
+    /// The longest one statement may run (the server's
+    /// `statement_timeout`, lock waits included), and the client's bound on
+    /// one whole transaction.
+    pub statement_timeout: Duration,
+    /// How often the server checks that the store answers, for health.
+    pub health_interval: Duration,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self {
+            pool_size: 16,
+            connect_timeout: Duration::from_secs(2),
+            statement_timeout: Duration::from_secs(5),
+            health_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl StoreSettings {
+    /// The longest any one store call takes before it fails: a connection,
+    /// then the transaction (retries of a conflicting transaction included).
+    #[must_use]
+    pub fn call_bound(&self) -> Duration {
+        self.connect_timeout.saturating_add(self.statement_timeout)
+    }
 }
 
 /// The result of trying to consume an approval for one operation.
@@ -78,6 +139,76 @@ pub enum DecideOutcome {
     /// Somebody decided first (or it expired): the first decision wins.
     AlreadyDecided(ApprovalRecord),
     NotFound,
+}
+
+/// The columns of an approval, in the order every backend reads them.
+const APPROVAL_COLUMNS: &str = "approval_id, tenant_id, requester_subject_id, agent_id, tool, tool_version, risk, \
+     arguments_sha256, display_arguments, request_id, status, created_at, expires_at, decided_by, decided_at, \
+     reason, consumed_by_idempotency_key";
+
+/// The columns of an execution record, in the order every backend reads them.
+const EXECUTION_COLUMNS: &str = "tenant_id, idempotency_key, tool, arguments_sha256, state, attempt, \
+     max_attempts, fencing_token, lease_expires_at, result_json, error_json, created_at, updated_at, revision";
+
+/// How a [`RecordedError`] is kept: a JSON object of its fields.
+fn error_to_json(e: &RecordedError) -> String {
+    serde_json::json!({
+        "code": e.code,
+        "category": e.category,
+        "message": e.message,
+        "retryable": e.retryable,
+        "resolution": e.resolution,
+        "expose_to_model": e.expose_to_model,
+        "expose_to_user": e.expose_to_user,
+        "details_json": e.details_json,
+    })
+    .to_string()
+}
+
+fn error_from_json(text: &str) -> Option<RecordedError> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let text = |k: &str| v.get(k)?.as_str().map(str::to_owned);
+    let flag = |k: &str| v.get(k)?.as_bool();
+    Some(RecordedError {
+        code: text("code")?,
+        category: text("category")?,
+        message: text("message")?,
+        retryable: flag("retryable")?,
+        resolution: text("resolution")?,
+        expose_to_model: flag("expose_to_model")?,
+        expose_to_user: flag("expose_to_user")?,
+        details_json: text("details_json")?,
+    })
+}
+
+fn signed(v: u64) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{v} does not fit a stored integer")))
+}
+
+fn stored_unsigned(v: i64) -> Result<u64, StoreError> {
+    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{v} is negative")))
+}
+
+fn stored_risk(s: &str) -> Result<Risk, StoreError> {
+    Risk::parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown risk `{s}`")))
+}
+
+fn stored_status(s: &str) -> Result<ApprovalStatus, StoreError> {
+    ApprovalStatus::parse(s)
+        .ok_or_else(|| StoreError::Corrupt(format!("unknown approval status `{s}`")))
+}
+
+fn stored_state(s: &str) -> Result<ExecutionState, StoreError> {
+    ExecutionState::parse(s)
+        .ok_or_else(|| StoreError::Corrupt(format!("unknown execution state `{s}`")))
+}
+
+fn stored_error(text: Option<&str>) -> Result<Option<RecordedError>, StoreError> {
+    text.map(|t| {
+        error_from_json(t)
+            .ok_or_else(|| StoreError::Corrupt("an execution's error is not readable".into()))
+    })
+    .transpose()
 }
 
 /// The persistence every backend provides.
@@ -160,9 +291,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ///    FOR UPDATE`, an insert racing another insert retried), read the
     ///    record of the step's tenant and key;
     /// 2. call [`ledger::Transition::apply`] with it and a fencing token
-    ///    greater than every token the store ever issued (a store-wide
-    ///    counter or sequence; it is consumed only if the written record
-    ///    carries it);
+    ///    greater than every token the store ever issued (SQLite: a
+    ///    store-wide counter, moved only if the written record carries the
+    ///    token; PostgreSQL: a SEQUENCE read after the row lock, which may
+    ///    skip values but never repeats or goes back);
     /// 3. write the [`ledger::Write`] it returns (an update only if the record
     ///    is still at `previous_revision`, else [`StoreError::Conflict`]),
     ///    commit, and return the answer.
@@ -203,22 +335,54 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// [`StoreError`] when the database fails.
     async fn collect_executions(&self, collect: Collect) -> Result<usize, StoreError>;
+
+    /// Whether the database answers now (a trivial query, bounded like
+    /// every call): what health reports.
+    ///
+    /// # Errors
+    /// [`StoreError`] when it does not.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Relays into `events` the approval events that *other* processes
+    /// sharing this database cause, for as long as the returned task runs;
+    /// this process's own events are published by the desks that cause
+    /// them and are never relayed twice. Returns once the relay listens, so
+    /// a watcher that subscribes after it misses nothing. When the relay
+    /// loses its connection it announces a gap
+    /// ([`ApprovalEvents::announce_gap`]) when the loss is seen and again
+    /// when it listens anew, then carries on. A backend only one process
+    /// uses relays nothing (`None`).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the relay cannot start listening.
+    async fn relay_approval_events(
+        &self,
+        events: Arc<ApprovalEvents>,
+    ) -> Result<Option<tokio::task::JoinHandle<()>>, StoreError> {
+        let _ = events;
+        Ok(None)
+    }
 }
 
-/// Opens the store a URL names: `sqlite:///path/file.db` (or a bare path).
+/// Opens the store a URL names: `sqlite:///path/file.db` (or a bare path),
+/// or `postgres://…` / `postgresql://…` (connected and migrated before this
+/// returns; `settings` apply to it).
 ///
 /// # Errors
-/// [`StoreError`] for an unsupported URL or a database that cannot be opened.
-pub fn open(url: &str) -> Result<std::sync::Arc<dyn Store>, StoreError> {
-    if let Some(path) = url.strip_prefix("sqlite://") {
-        return Ok(std::sync::Arc::new(SqliteStore::open(
-            std::path::Path::new(path),
-        )?));
+/// [`StoreError`] for an unsupported URL or a database that cannot be
+/// opened or migrated.
+pub async fn open(url: &str, settings: StoreSettings) -> Result<Arc<dyn Store>, StoreError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(Arc::new(PostgresStore::connect(url, settings).await?));
     }
-    if url.contains("://") {
-        return Err(StoreError::UnsupportedUrl(url.to_owned()));
-    }
-    Ok(std::sync::Arc::new(SqliteStore::open(
-        std::path::Path::new(url),
-    )?))
+    let path = match url.strip_prefix("sqlite://") {
+        Some(path) => path,
+        None if url.contains("://") => return Err(StoreError::UnsupportedUrl(url.to_owned())),
+        None => url,
+    };
+    let path = std::path::PathBuf::from(path);
+    let store = tokio::task::spawn_blocking(move || SqliteStore::open(&path))
+        .await
+        .map_err(|e| StoreError::Task(e.to_string()))??;
+    Ok(Arc::new(store))
 }

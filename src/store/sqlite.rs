@@ -12,14 +12,14 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
-use super::{ApprovalDecision, ApprovalUse, DecideOutcome, Store, StoreError};
+use super::{
+    APPROVAL_COLUMNS, ApprovalDecision, ApprovalUse, DecideOutcome, EXECUTION_COLUMNS, Store,
+    StoreError, error_to_json, signed, stored_error, stored_risk, stored_state, stored_status,
+    stored_unsigned,
+};
 use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::clock::UnixMillis;
-use crate::ledger::{
-    self, BeginAnswer, Collect, ExecutionRecord, ExecutionState, RecordedError, Settled,
-    Transition, Write,
-};
-use crate::tools::Risk;
+use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled, Transition, Write};
 
 /// Versioned migrations; index + 1 is the schema version they produce.
 const MIGRATIONS: &[&str] = &[
@@ -152,20 +152,13 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-const APPROVAL_COLUMNS: &str = "approval_id, tenant_id, requester_subject_id, agent_id, tool, tool_version, risk, \
-     arguments_sha256, display_arguments, request_id, status, created_at, expires_at, decided_by, decided_at, \
-     reason, consumed_by_idempotency_key";
-
 fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ApprovalRecord, StoreError>> {
-    let risk: String = row.get(6)?;
-    let status: String = row.get(10)?;
-    let Some(risk) = Risk::parse(&risk) else {
-        return Ok(Err(StoreError::Corrupt(format!("unknown risk `{risk}`"))));
-    };
-    let Some(status) = ApprovalStatus::parse(&status) else {
-        return Ok(Err(StoreError::Corrupt(format!(
-            "unknown approval status `{status}`"
-        ))));
+    let (risk, status) = match (
+        stored_risk(&row.get::<_, String>(6)?),
+        stored_status(&row.get::<_, String>(10)?),
+    ) {
+        (Ok(risk), Ok(status)) => (risk, status),
+        (Err(e), _) | (_, Err(e)) => return Ok(Err(e)),
     };
     Ok(Ok(ApprovalRecord {
         approval_id: row.get(0)?,
@@ -188,30 +181,16 @@ fn approval_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ApprovalRecord, S
     }))
 }
 
-const EXECUTION_COLUMNS: &str = "tenant_id, idempotency_key, tool, arguments_sha256, state, attempt, \
-     max_attempts, fencing_token, lease_expires_at, result_json, error_json, created_at, updated_at, revision";
-
 fn execution_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ExecutionRecord, StoreError>> {
-    let state: String = row.get(4)?;
-    let Some(state) = ExecutionState::parse(&state) else {
-        return Ok(Err(StoreError::Corrupt(format!(
-            "unknown execution state `{state}`"
-        ))));
-    };
-    let error = match row.get::<_, Option<String>>(10)? {
-        None => None,
-        Some(text) => match error_from_json(&text) {
-            Some(e) => Some(e),
-            None => {
-                return Ok(Err(StoreError::Corrupt(
-                    "an execution's error is not readable".into(),
-                )));
-            }
-        },
-    };
-    let unsigned = |i: usize| -> rusqlite::Result<u64> {
-        let v: i64 = row.get(i)?;
-        u64::try_from(v).map_err(|_| rusqlite::Error::IntegralValueOutOfRange(i, v))
+    let parsed = (
+        stored_state(&row.get::<_, String>(4)?),
+        stored_error(row.get::<_, Option<String>>(10)?.as_deref()),
+        stored_unsigned(row.get(7)?),
+        stored_unsigned(row.get(13)?),
+    );
+    let (state, error, fencing_token, revision) = match parsed {
+        (Ok(s), Ok(e), Ok(t), Ok(r)) => (s, e, t, r),
+        (Err(e), ..) | (_, Err(e), ..) | (.., Err(e), _) | (.., Err(e)) => return Ok(Err(e)),
     };
     Ok(Ok(ExecutionRecord {
         tenant_id: row.get(0)?,
@@ -221,13 +200,13 @@ fn execution_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ExecutionRecord,
         state,
         attempt: row.get(5)?,
         max_attempts: row.get(6)?,
-        fencing_token: unsigned(7)?,
+        fencing_token,
         lease_expires_at: row.get(8)?,
         result_json: row.get(9)?,
         error,
         created_at: row.get(11)?,
         updated_at: row.get(12)?,
-        revision: unsigned(13)?,
+        revision,
     }))
 }
 
@@ -245,41 +224,6 @@ fn read_execution(
     )
     .optional()?
     .transpose()
-}
-
-/// How a [`RecordedError`] is kept: a JSON object of its fields.
-fn error_to_json(e: &RecordedError) -> String {
-    serde_json::json!({
-        "code": e.code,
-        "category": e.category,
-        "message": e.message,
-        "retryable": e.retryable,
-        "resolution": e.resolution,
-        "expose_to_model": e.expose_to_model,
-        "expose_to_user": e.expose_to_user,
-        "details_json": e.details_json,
-    })
-    .to_string()
-}
-
-fn error_from_json(text: &str) -> Option<RecordedError> {
-    let v: serde_json::Value = serde_json::from_str(text).ok()?;
-    let text = |k: &str| v.get(k)?.as_str().map(str::to_owned);
-    let flag = |k: &str| v.get(k)?.as_bool();
-    Some(RecordedError {
-        code: text("code")?,
-        category: text("category")?,
-        message: text("message")?,
-        retryable: flag("retryable")?,
-        resolution: text("resolution")?,
-        expose_to_model: flag("expose_to_model")?,
-        expose_to_user: flag("expose_to_user")?,
-        details_json: text("details_json")?,
-    })
-}
-
-fn signed(v: u64) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{v} does not fit a stored integer")))
 }
 
 /// One ledger transition in one `BEGIN IMMEDIATE` transaction (see
@@ -417,6 +361,11 @@ impl Store for SqliteStore {
             Ok(n)
         })
         .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.with(|conn| Ok(conn.query_row("SELECT 1", [], |_| Ok(()))?))
+            .await
     }
 
     async fn pending_approval_for_call(
@@ -653,275 +602,79 @@ impl Store for SqliteStore {
 
 #[cfg(test)]
 mod tests {
-    mod ledger {
-        use std::sync::Arc;
-
-        use super::super::*;
-        use crate::ledger::{Begin, ExecutionId};
-        use crate::store::ledger_tests;
-
-        fn store(dir: &tempfile::TempDir) -> SqliteStore {
-            SqliteStore::open(&dir.path().join("s.db")).unwrap()
-        }
-
-        #[tokio::test]
-        async fn transitions_round_trip() {
-            let dir = tempfile::tempdir().unwrap();
-            ledger_tests::transitions_round_trip(&store(&dir)).await;
-            // And survive a reopen of the file.
-            let again = store(&dir);
-            let r = again.get_execution("acme", "k1").await.unwrap().unwrap();
-            assert_eq!(r.state, ExecutionState::Succeeded);
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-        async fn exactly_one_acquires_across_two_connections_to_one_file() {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("s.db");
-            ledger_tests::exactly_one_acquires_across_connections(&move || {
-                Arc::new(SqliteStore::open(&path).unwrap()) as Arc<dyn Store>
-            })
-            .await;
-        }
-
-        #[tokio::test]
-        async fn collection_is_batched_and_spares_live_leases() {
-            let dir = tempfile::tempdir().unwrap();
-            ledger_tests::collection_is_batched_and_spares_live_leases(&store(&dir)).await;
-        }
-
-        /// A transition whose update expects a revision the record is not at.
-        #[derive(Debug)]
-        struct Stale(ExecutionId);
-
-        impl Transition for Stale {
-            type Answer = ();
-            fn id(&self) -> &ExecutionId {
-                &self.0
-            }
-            fn apply(&self, current: Option<&ExecutionRecord>, next: u64) -> ((), Write) {
-                let mut record = current.unwrap().clone();
-                record.fencing_token = next;
-                record.revision = 99;
-                let write = Write::Update {
-                    record,
-                    previous_revision: 98,
-                };
-                ((), write)
-            }
-        }
-
-        #[tokio::test]
-        async fn an_update_of_a_changed_record_is_a_conflict_and_writes_nothing() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = store(&dir);
-            let id = ExecutionId {
-                tenant_id: "acme".into(),
-                idempotency_key: "k".into(),
-            };
-            let first = store
-                .begin_execution(Begin {
-                    id: id.clone(),
-                    tool: "t".into(),
-                    arguments_sha256: "aa".into(),
-                    lease_ms: 10,
-                    max_attempts: 1,
-                    now: 0,
-                })
-                .await
-                .unwrap();
-            let err = store
-                .with(move |conn| transition(conn, &Stale(id)))
-                .await
-                .unwrap_err();
-            assert!(
-                matches!(err, StoreError::Conflict { expected: 98 }),
-                "{err}"
-            );
-            let r = store.get_execution("acme", "k").await.unwrap().unwrap();
-            assert_eq!((r.revision, r.fencing_token), (1, first.fencing_token));
-            // Nor was the token counter moved: the next token follows the first.
-            let conn = store.conn.lock().unwrap();
-            let last: i64 = conn
-                .query_row("SELECT last_token FROM ledger_fencing", [], |r| r.get(0))
-                .unwrap();
-            assert_eq!(u64::try_from(last).unwrap(), first.fencing_token);
-        }
-
-        #[tokio::test]
-        async fn the_schema_refuses_an_unknown_state() {
-            let dir = tempfile::tempdir().unwrap();
-            let store = store(&dir);
-            let conn = store.conn.lock().unwrap();
-            let err = conn
-                .execute(
-                    "INSERT INTO executions (tenant_id, idempotency_key, tool, arguments_sha256, state, attempt, \
-                     max_attempts, fencing_token, lease_expires_at, created_at, updated_at, revision) \
-                     VALUES ('t', 'k', 'x', 'aa', 'DONE', 1, 1, 1, 0, 0, 0, 1)",
-                    [],
-                )
-                .unwrap_err();
-            assert!(err.to_string().contains("CHECK constraint failed"), "{err}");
-        }
-    }
-
-    #[tokio::test]
-    async fn the_first_decision_wins_and_expiry_sweeps_what_is_due() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("s.db")).unwrap();
-        store
-            .pending_approval_for_call(new_approval("a1", 0), 0)
-            .await
-            .unwrap();
-        let d = |approve: bool, by: &str| ApprovalDecision {
-            approve,
-            decided_by: by.into(),
-            reason: "ok".into(),
-            decided_at: 5,
-            approved_expires_at: 500,
-        };
-        let first = store
-            .decide_approval("t1", "a1", d(true, "dana"))
-            .await
-            .unwrap();
-        let DecideOutcome::Decided(r) = first else {
-            panic!("{first:?}")
-        };
-        assert_eq!(
-            (r.status, r.expires_at, r.decided_by.as_deref()),
-            (ApprovalStatus::Approved, 500, Some("dana"))
-        );
-        let second = store
-            .decide_approval("t1", "a1", d(false, "erin"))
-            .await
-            .unwrap();
-        let DecideOutcome::AlreadyDecided(r) = second else {
-            panic!("{second:?}")
-        };
-        assert_eq!(r.status, ApprovalStatus::Approved);
-        assert_eq!(
-            store
-                .decide_approval("t2", "a1", d(true, "x"))
-                .await
-                .unwrap(),
-            DecideOutcome::NotFound
-        );
-        let mut pending = new_approval("a2", 0);
-        pending.request_id = "r2".into();
-        store.pending_approval_for_call(pending, 0).await.unwrap();
-        assert!(store.expire_due(499).await.unwrap().is_empty());
-        let mut expired: Vec<String> = store
-            .expire_due(1000)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|r| r.approval_id)
-            .collect();
-        expired.sort();
-        assert_eq!(expired, vec!["a1", "a2"]);
-        assert!(store.expire_due(2000).await.unwrap().is_empty());
-        let all = store
-            .list_approvals("t1", Some(ApprovalStatus::Expired), None, 10)
-            .await
-            .unwrap();
-        assert_eq!(all.len(), 2);
-        let page = store
-            .list_approvals("t1", None, Some("a1".into()), 10)
-            .await
-            .unwrap();
-        assert_eq!(
-            page.iter()
-                .map(|r| r.approval_id.as_str())
-                .collect::<Vec<_>>(),
-            vec!["a2"]
-        );
-    }
-
-    #[tokio::test]
-    async fn an_approval_is_consumed_by_the_first_key_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("s.db")).unwrap();
-        store
-            .pending_approval_for_call(new_approval("a1", 0), 0)
-            .await
-            .unwrap();
-        assert_eq!(
-            store.consume_approval("t1", "a1", "k1", 1).await.unwrap(),
-            ApprovalUse::NotUsable
-        );
-        {
-            let conn = store.conn.lock().unwrap();
-            conn.execute("UPDATE approvals SET status = 'APPROVED'", [])
-                .unwrap();
-        }
-        assert_eq!(
-            store.consume_approval("t1", "a1", "k1", 1).await.unwrap(),
-            ApprovalUse::Consumed { first: true }
-        );
-        assert_eq!(
-            store.consume_approval("t1", "a1", "k1", 2).await.unwrap(),
-            ApprovalUse::Consumed { first: false }
-        );
-        assert_eq!(
-            store.consume_approval("t1", "a1", "k2", 2).await.unwrap(),
-            ApprovalUse::ConsumedByOther
-        );
-        assert_eq!(
-            store.consume_approval("t2", "a1", "k1", 2).await.unwrap(),
-            ApprovalUse::NotUsable
-        );
-        assert_eq!(
-            store
-                .consume_approval("t1", "a1", "k1", 1000)
-                .await
-                .unwrap(),
-            ApprovalUse::NotUsable
-        );
-    }
+    use std::sync::Arc;
 
     use super::*;
+    use crate::store::suite::{self, Backend, new_approval};
 
-    fn new_approval(id: &str, now: UnixMillis) -> NewApproval {
-        NewApproval {
-            approval_id: id.into(),
-            tenant_id: "t1".into(),
-            requester_subject_id: "alice".into(),
-            agent_id: "agent".into(),
-            tool: "refund_order".into(),
-            tool_version: "1".into(),
-            risk: Risk::Financial,
-            arguments_sha256: "ab".into(),
-            display_arguments: "{}".into(),
-            request_id: "r1".into(),
-            created_at: now,
-            expires_at: now + 1000,
+    /// A fresh SQLite file; every store opened on it is another connection.
+    struct File(tempfile::TempDir);
+
+    #[async_trait]
+    impl Backend for File {
+        async fn open(&self) -> Arc<dyn Store> {
+            Arc::new(SqliteStore::open(&self.0.path().join("s.db")).unwrap())
         }
     }
 
+    async fn file() -> Option<File> {
+        Some(File(tempfile::tempdir().unwrap()))
+    }
+
+    mod suite_on_sqlite {
+        crate::store::suite::store_suite!(super::file);
+    }
+
+    fn store(dir: &tempfile::TempDir) -> SqliteStore {
+        SqliteStore::open(&dir.path().join("s.db")).unwrap()
+    }
+
     #[tokio::test]
-    async fn the_same_call_gets_the_same_pending_approval_until_it_expires() {
+    async fn records_survive_a_reopen_of_the_file() {
+        let backend = file().await.unwrap();
+        suite::transitions_round_trip(&backend).await;
+        let again = store(&backend.0);
+        let r = again.get_execution("acme", "k1").await.unwrap().unwrap();
+        assert_eq!(r.state, crate::ledger::ExecutionState::Succeeded);
+    }
+
+    #[tokio::test]
+    async fn an_update_of_a_changed_record_is_a_conflict_and_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("s.db")).unwrap();
-        let (a, created) = store
-            .pending_approval_for_call(new_approval("a1", 0), 0)
+        let store = store(&dir);
+        let (stale, first) = suite::stale_target(&store).await;
+        let err = store
+            .with(move |conn| transition(conn, &stale))
             .await
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::Conflict { expected: 98 }),
+            "{err}"
+        );
+        let r = store.get_execution("acme", "k").await.unwrap().unwrap();
+        assert_eq!((r.revision, r.fencing_token), (1, first));
+        // Nor was the token counter moved: the next token follows the first.
+        let conn = store.conn.lock().unwrap();
+        let last: i64 = conn
+            .query_row("SELECT last_token FROM ledger_fencing", [], |r| r.get(0))
             .unwrap();
-        assert!(created);
-        let (b, created) = store
-            .pending_approval_for_call(new_approval("a2", 10), 10)
-            .await
-            .unwrap();
-        assert!(!created);
-        assert_eq!(a.approval_id, "a1");
-        assert_eq!(b.approval_id, "a1");
-        let (c, _) = store
-            .pending_approval_for_call(new_approval("a3", 1000), 1000)
-            .await
-            .unwrap();
-        assert_eq!(c.approval_id, "a3");
-        let old = store.get_approval("t1", "a1").await.unwrap().unwrap();
-        assert_eq!(old.status, ApprovalStatus::Expired);
-        assert!(store.get_approval("t2", "a3").await.unwrap().is_none());
+        assert_eq!(u64::try_from(last).unwrap(), first);
+    }
+
+    #[tokio::test]
+    async fn the_schema_refuses_an_unknown_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let conn = store.conn.lock().unwrap();
+        let err = conn
+            .execute(
+                "INSERT INTO executions (tenant_id, idempotency_key, tool, arguments_sha256, state, attempt, \
+                 max_attempts, fencing_token, lease_expires_at, created_at, updated_at, revision) \
+                 VALUES ('t', 'k', 'x', 'aa', 'DONE', 1, 1, 1, 0, 0, 0, 1)",
+                [],
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("CHECK constraint failed"), "{err}");
     }
 
     #[tokio::test]

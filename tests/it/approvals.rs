@@ -5,7 +5,7 @@ use tonic::transport::Channel;
 use toolgate::grpc::pb::approval_service_client::ApprovalServiceClient;
 use toolgate::grpc::pb::{self, Decision};
 
-use crate::support::{TestServer, auth, code, request, token};
+use crate::support::{Backend, TestServer, auth, both_backends, code, request, token};
 
 const BIG_REFUND: &str =
     r#"{"order_id":"ord_1001","amount_cents":25000,"currency":"USD","reason":"damaged"}"#;
@@ -52,9 +52,8 @@ async fn decide(
         .into_inner()
 }
 
-#[tokio::test]
-async fn the_full_flow_pending_approved_allowed_once_per_operation() {
-    let server = TestServer::start().await;
+async fn the_full_flow_pending_approved_allowed_once_per_operation(backend: Backend) {
+    let server = TestServer::start_on(backend).await;
     let mut approvals = ApprovalServiceClient::new(server.channel().await);
     let mut client = server.client().await;
     let first = pending(&server).await;
@@ -128,9 +127,8 @@ async fn the_full_flow_pending_approved_allowed_once_per_operation() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn approvers_are_authorized_by_policy_and_bound_to_the_hash_shown() {
-    let server = TestServer::start().await;
+async fn approvers_are_authorized_by_policy_and_bound_to_the_hash_shown(backend: Backend) {
+    let server = TestServer::start_on(backend).await;
     let mut approvals = ApprovalServiceClient::new(server.channel().await);
     let first = pending(&server).await;
     let id = first.approval.unwrap().approval_id;
@@ -203,9 +201,8 @@ async fn approvers_are_authorized_by_policy_and_bound_to_the_hash_shown() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn the_first_of_sixteen_concurrent_decisions_wins() {
-    let server = TestServer::start().await;
+async fn the_first_of_sixteen_concurrent_decisions_wins(backend: Backend) {
+    let server = TestServer::start_on(backend).await;
     let first = pending(&server).await;
     let id = first.approval.unwrap().approval_id;
     let sha = first.arguments_sha256;
@@ -246,9 +243,8 @@ async fn the_first_of_sixteen_concurrent_decisions_wins() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn listing_is_scoped_to_the_tenant_and_paginated() {
-    let server = TestServer::start().await;
+async fn listing_is_scoped_to_the_tenant_and_paginated(backend: Backend) {
+    let server = TestServer::start_on(backend).await;
     let mut client = server.client().await;
     for i in 0..5 {
         let mut req = request("refund_order", BIG_REFUND);
@@ -294,9 +290,8 @@ async fn listing_is_scoped_to_the_tenant_and_paginated() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn the_watch_stream_receives_created_and_decided_events() {
-    let server = TestServer::start().await;
+async fn the_watch_stream_receives_created_and_decided_events(backend: Backend) {
+    let server = TestServer::start_on(backend).await;
     let mut approvals = ApprovalServiceClient::new(server.channel().await);
     let admin = token("dana", "acme", &["support_admin"]);
     let mut stream = approvals
@@ -355,8 +350,7 @@ async fn the_watch_stream_receives_created_and_decided_events() {
     drop((approvals, client));
 }
 
-#[tokio::test]
-async fn approvals_expire_on_the_clock_and_are_announced() {
+async fn approvals_expire_on_the_clock_and_are_announced(backend: Backend) {
     let now = i64::try_from(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -365,7 +359,7 @@ async fn approvals_expire_on_the_clock_and_are_announced() {
     )
     .unwrap();
     let clock = toolgate::clock::ManualClock::new(now);
-    let server = TestServer::start_with_clock(clock.clone()).await;
+    let server = TestServer::start_with_clock_on(backend, clock.clone()).await;
     let mut approvals = ApprovalServiceClient::new(server.channel().await);
     // The test clock runs hours ahead: the token must outlive it.
     let admin = crate::support::token_valid_for("dana", "acme", &["support_admin"], 86_400);
@@ -710,3 +704,12 @@ async fn display_arguments_redact_the_sensitive_pointers() {
     server.stop().await;
     drop(dir);
 }
+
+both_backends!(
+    the_full_flow_pending_approved_allowed_once_per_operation,
+    approvers_are_authorized_by_policy_and_bound_to_the_hash_shown,
+    the_first_of_sixteen_concurrent_decisions_wins,
+    listing_is_scoped_to_the_tenant_and_paginated,
+    the_watch_stream_receives_created_and_decided_events,
+    approvals_expire_on_the_clock_and_are_announced,
+);

@@ -15,7 +15,10 @@ use toolgate::grpc::pb::ledger_service_client::LedgerServiceClient;
 use toolgate::grpc::pb::{self, BeginOutcome, CompletionStatus, Decision, ExecutionState};
 use toolgate::ledger::LedgerConfig;
 
-use crate::support::{TestServer, agent_bob, auth, bad_request_field, request, test_ledger_config};
+use crate::support::{
+    Backend, TestServer, agent_bob, auth, bad_request_field, both_backends, request,
+    test_ledger_config,
+};
 
 const T0: i64 = 1_700_000_000_000;
 const REFUND: &str =
@@ -172,10 +175,9 @@ fn declined() -> pb::ErrorEnvelope {
     }
 }
 
-#[tokio::test]
-async fn absent_is_acquired_and_a_live_lease_is_in_progress_for_everyone_else() {
+async fn absent_is_acquired_and_a_live_lease_is_in_progress_for_everyone_else(backend: Backend) {
     let clock = ManualClock::new(T0);
-    let server = TestServer::start_with_clock(clock.clone()).await;
+    let server = TestServer::start_with_clock_on(backend, clock.clone()).await;
     let mut first = Executor::new(&server).await;
     let mut second = Executor::new(&server).await;
     let refund = op("row-absent");
@@ -203,10 +205,9 @@ async fn absent_is_acquired_and_a_live_lease_is_in_progress_for_everyone_else() 
     server.stop().await;
 }
 
-#[tokio::test]
-async fn an_expired_lease_answers_reconcile_required_never_acquired() {
+async fn an_expired_lease_answers_reconcile_required_never_acquired(backend: Backend) {
     let clock = ManualClock::new(T0);
-    let server = TestServer::start_with_clock(clock.clone()).await;
+    let server = TestServer::start_with_clock_on(backend, clock.clone()).await;
     let mut first = Executor::new(&server).await;
     let mut second = Executor::new(&server).await;
     let refund = op("row-expired");
@@ -245,9 +246,8 @@ async fn an_expired_lease_answers_reconcile_required_never_acquired() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn a_success_is_completed_with_its_result_for_every_retry() {
-    let server = TestServer::start_with_clock(ManualClock::new(T0)).await;
+async fn a_success_is_completed_with_its_result_for_every_retry(backend: Backend) {
+    let server = TestServer::start_with_clock_on(backend, ManualClock::new(T0)).await;
     let mut executor = Executor::new(&server).await;
     let refund = op("row-succeeded");
     let acquired = executor.begin(&refund).await;
@@ -287,9 +287,8 @@ async fn a_success_is_completed_with_its_result_for_every_retry() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn a_retryable_failure_is_acquired_again_until_the_budget_then_final() {
-    let server = TestServer::start_with_clock(ManualClock::new(T0)).await;
+async fn a_retryable_failure_is_acquired_again_until_the_budget_then_final(backend: Backend) {
+    let server = TestServer::start_with_clock_on(backend, ManualClock::new(T0)).await;
     let mut executor = Executor::new(&server).await;
     let refund = op("row-retryable");
     let mut tokens = Vec::new();
@@ -327,13 +326,12 @@ async fn a_retryable_failure_is_acquired_again_until_the_budget_then_final() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn the_configured_default_budget_applies_to_tools_without_max_attempts() {
+async fn the_configured_default_budget_applies_to_tools_without_max_attempts(backend: Backend) {
     let ledger = LedgerConfig {
         default_max_attempts: 1,
         ..test_ledger_config()
     };
-    let server = TestServer::start_with_ledger(ManualClock::new(T0), ledger).await;
+    let server = TestServer::start_with_ledger_on(backend, ManualClock::new(T0), ledger).await;
     let mut executor = Executor::new(&server).await;
     let (key, sha) = op("default-budget");
     // send_email's contract has no maxAttempts.
@@ -355,9 +353,8 @@ async fn the_configured_default_budget_applies_to_tools_without_max_attempts() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn an_unknown_outcome_is_timeout_unknown_then_reconcile_required() {
-    let server = TestServer::start_with_clock(ManualClock::new(T0)).await;
+async fn an_unknown_outcome_is_timeout_unknown_then_reconcile_required(backend: Backend) {
+    let server = TestServer::start_with_clock_on(backend, ManualClock::new(T0)).await;
     let mut executor = Executor::new(&server).await;
     let refund = op("row-unknown");
     let r = executor.begin(&refund).await;
@@ -381,9 +378,8 @@ async fn an_unknown_outcome_is_timeout_unknown_then_reconcile_required() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn failed_final_is_completed_with_the_stored_error() {
-    let server = TestServer::start_with_clock(ManualClock::new(T0)).await;
+async fn failed_final_is_completed_with_the_stored_error(backend: Backend) {
+    let server = TestServer::start_with_clock_on(backend, ManualClock::new(T0)).await;
     let mut executor = Executor::new(&server).await;
     let refund = op("row-final");
     let r = executor.begin(&refund).await;
@@ -414,9 +410,8 @@ async fn failed_final_is_completed_with_the_stored_error() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn stale_fencing_tokens_are_lease_lost_and_change_nothing() {
-    let server = TestServer::start_with_clock(ManualClock::new(T0)).await;
+async fn stale_fencing_tokens_are_lease_lost_and_change_nothing(backend: Backend) {
+    let server = TestServer::start_with_clock_on(backend, ManualClock::new(T0)).await;
     let mut old = Executor::new(&server).await;
     let mut new = Executor::new(&server).await;
     let refund = op("stale-token");
@@ -476,9 +471,8 @@ async fn stale_fencing_tokens_are_lease_lost_and_change_nothing() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn a_key_back_with_other_arguments_or_tool_is_idempotency_key_reused() {
-    let server = TestServer::start_with_clock(ManualClock::new(T0)).await;
+async fn a_key_back_with_other_arguments_or_tool_is_idempotency_key_reused(backend: Backend) {
+    let server = TestServer::start_with_clock_on(backend, ManualClock::new(T0)).await;
     let mut executor = Executor::new(&server).await;
     let (key, sha) = op("reused");
     let r = executor.begin(&(key.clone(), sha.clone())).await;
@@ -517,9 +511,8 @@ async fn a_key_back_with_other_arguments_or_tool_is_idempotency_key_reused() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn a_result_that_fails_the_output_schema_is_quarantined_as_unknown() {
-    let server = TestServer::start_with_clock(ManualClock::new(T0)).await;
+async fn a_result_that_fails_the_output_schema_is_quarantined_as_unknown(backend: Backend) {
+    let server = TestServer::start_with_clock_on(backend, ManualClock::new(T0)).await;
     let mut executor = Executor::new(&server).await;
     let refund = op("quarantine");
     let r = executor.begin(&refund).await;
@@ -586,10 +579,9 @@ async fn a_result_that_fails_the_output_schema_is_quarantined_as_unknown() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn reconciliation_settles_an_unknown_outcome_both_ways() {
+async fn reconciliation_settles_an_unknown_outcome_both_ways(backend: Backend) {
     let clock = ManualClock::new(T0);
-    let server = TestServer::start_with_clock(clock.clone()).await;
+    let server = TestServer::start_with_clock_on(backend, clock.clone()).await;
     let mut executor = Executor::new(&server).await;
 
     // Applied: it happened; the stored result is what later retries get.
@@ -672,10 +664,9 @@ async fn reconciliation_settles_an_unknown_outcome_both_ways() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn records_are_collected_after_the_retention_period() {
+async fn records_are_collected_after_the_retention_period(backend: Backend) {
     let clock = ManualClock::new(T0);
-    let server = TestServer::start_with_clock(clock.clone()).await;
+    let server = TestServer::start_with_clock_on(backend, clock.clone()).await;
     let mut executor = Executor::new(&server).await;
     let old = op("retention-old");
     let r = executor.begin(&old).await;
@@ -714,9 +705,8 @@ async fn records_are_collected_after_the_retention_period() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn records_are_visible_to_their_own_tenant_only() {
-    let server = TestServer::start_with_clock(ManualClock::new(T0)).await;
+async fn records_are_visible_to_their_own_tenant_only(backend: Backend) {
+    let server = TestServer::start_with_clock_on(backend, ManualClock::new(T0)).await;
     let mut acme = Executor::new(&server).await;
     let mut globex = Executor::of(&server, auth("gina", "globex", &["support_agent"], &[])).await;
     let refund = op("tenant");
@@ -880,10 +870,11 @@ async fn executor_mistakes_are_invalid_argument_with_bad_request_details() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn authorize_with_begin_execution_begins_an_allowed_call_in_the_same_round_trip() {
+async fn authorize_with_begin_execution_begins_an_allowed_call_in_the_same_round_trip(
+    backend: Backend,
+) {
     let clock = ManualClock::new(T0);
-    let server = TestServer::start_with_clock(clock.clone()).await;
+    let server = TestServer::start_with_clock_on(backend, clock.clone()).await;
     let mut client = server.client().await;
     let mut executor = Executor::new(&server).await;
     let mut req = request("refund_order", REFUND);
@@ -967,11 +958,10 @@ async fn authorize_with_begin_execution_begins_an_allowed_call_in_the_same_round
 /// 32 executors, each on its own connection, send BeginExecution for the
 /// same new key at once: exactly one is ACQUIRED, the rest IN_PROGRESS,
 /// every round.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exactly_one_of_32_concurrent_begins_is_acquired_every_round() {
+async fn exactly_one_of_32_concurrent_begins_is_acquired_every_round(backend: Backend) {
     const EXECUTORS: usize = 32;
     const ROUNDS: usize = 50;
-    let server = TestServer::start().await;
+    let server = TestServer::start_on(backend).await;
     let mut clients = Vec::with_capacity(EXECUTORS);
     for _ in 0..EXECUTORS {
         clients.push(server.ledger().await);
@@ -1049,3 +1039,21 @@ async fn a_store_failure_is_a_retryable_internal_error_never_acquired() {
     );
     server.stop().await;
 }
+
+both_backends!(
+    absent_is_acquired_and_a_live_lease_is_in_progress_for_everyone_else,
+    an_expired_lease_answers_reconcile_required_never_acquired,
+    a_success_is_completed_with_its_result_for_every_retry,
+    a_retryable_failure_is_acquired_again_until_the_budget_then_final,
+    the_configured_default_budget_applies_to_tools_without_max_attempts,
+    an_unknown_outcome_is_timeout_unknown_then_reconcile_required,
+    failed_final_is_completed_with_the_stored_error,
+    stale_fencing_tokens_are_lease_lost_and_change_nothing,
+    a_key_back_with_other_arguments_or_tool_is_idempotency_key_reused,
+    a_result_that_fails_the_output_schema_is_quarantined_as_unknown,
+    reconciliation_settles_an_unknown_outcome_both_ways,
+    records_are_collected_after_the_retention_period,
+    records_are_visible_to_their_own_tenant_only,
+    authorize_with_begin_execution_begins_an_allowed_call_in_the_same_round_trip,
+    exactly_one_of_32_concurrent_begins_is_acquired_every_round,
+);

@@ -1,5 +1,7 @@
 //! The one integration-test binary: real gRPC on loopback against a real
-//! SQLite file, plus the command line and the Python executor.
+//! SQLite file or PostgreSQL schema, plus the command line, real sidecar
+//! processes (one, or several replicas on one database) and the Python
+//! executor.
 
 // Test code: a failed unwrap is a failed test, with its message.
 #![allow(
@@ -20,6 +22,7 @@ mod listeners;
 mod node;
 mod python;
 mod reload;
+mod replicas;
 mod restart;
 mod shutdown;
 mod sidecar;

@@ -1,6 +1,7 @@
 //! The real `toolgate serve` binary as a child process: the one helper of
 //! every test that runs it (SIGKILL and restart on the same SQLite file,
-//! SIGHUP reloads, SIGTERM shutdown under load).
+//! several replicas on one PostgreSQL database, SIGHUP reloads, SIGTERM
+//! shutdown under load).
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
@@ -31,6 +32,13 @@ impl Sidecar {
     /// address from its JSON log line `toolgate serving` (bounded: 60 s,
     /// then fail).
     pub fn start(dir: &Path, extra: &[OsString]) -> Self {
+        let store = format!("sqlite://{}", dir.join("toolgate.db").display());
+        Self::start_with_store(dir, &store, extra)
+    }
+
+    /// Like [`Self::start`], on the store `url` (and `dir/toolgate.toml`,
+    /// if the test wrote one: the binary reads it from its working folder).
+    pub fn start_with_store(dir: &Path, url: &str, extra: &[OsString]) -> Self {
         let mut command = toolgate();
         command
             .arg("serve")
@@ -38,7 +46,7 @@ impl Sidecar {
             .arg(example_policies())
             .args(["--listen", "127.0.0.1:0"])
             .arg("--store")
-            .arg(format!("sqlite://{}", dir.join("toolgate.db").display()))
+            .arg(url)
             .args(extra)
             .current_dir(dir);
         Self::spawn(command)

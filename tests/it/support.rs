@@ -15,7 +15,8 @@ use toolgate::grpc::pb::authorization_service_client::AuthorizationServiceClient
 use toolgate::grpc::pb::ledger_service_client::LedgerServiceClient;
 use toolgate::ledger::LedgerConfig;
 use toolgate::policy::{PolicyReloader, ReloadTriggers};
-use toolgate::store::SqliteStore;
+use toolgate::store::scratch::{self, ScratchSchema};
+use toolgate::store::{PostgresStore, SqliteStore, StoreSettings};
 
 /// The example deployment shipped in `policies/`.
 pub fn example_policies() -> PathBuf {
@@ -62,12 +63,76 @@ pub struct Setup {
     pub unix_socket: Option<PathBuf>,
 }
 
+/// Which store a test server runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A fresh SQLite file.
+    Sqlite,
+    /// A fresh schema of the PostgreSQL test server
+    /// (`TOOLGATE_TEST_POSTGRES`, default `postgres://postgres@127.0.0.1:5432/test`).
+    Postgres,
+}
+
+/// Whether the PostgreSQL test server answers. Outside CI a missing server
+/// skips the PostgreSQL variants, loudly; under `CI=true` it fails them.
+pub async fn postgres_or_skip() -> bool {
+    let url = scratch::test_url();
+    match ScratchSchema::create(&url).await {
+        Ok(_probe) => true,
+        Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
+            eprintln!(
+                "SKIPPED: no PostgreSQL ({e}); set {} to run the PostgreSQL variants",
+                scratch::TEST_URL_VAR
+            );
+            false
+        }
+        Err(e) => panic!("CI=true but PostgreSQL is unreachable: {e}"),
+    }
+}
+
+/// A fresh PostgreSQL schema, or `None` (said loudly) outside CI when no
+/// server answers; under `CI=true` an unreachable server fails the test.
+pub async fn scratch_schema() -> Option<ScratchSchema> {
+    if postgres_or_skip().await {
+        Some(ScratchSchema::create(&scratch::test_url()).await.unwrap())
+    } else {
+        None
+    }
+}
+
+/// Runs the async fn `$check(backend: Backend)` as two tests,
+/// `$check::sqlite` and `$check::postgres`: the same behaviour proven on
+/// both stores.
+macro_rules! both_backends {
+    ($($check:ident),* $(,)?) => {
+        $(
+            mod $check {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$check(crate::support::Backend::Sqlite).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    if crate::support::postgres_or_skip().await {
+                        super::$check(crate::support::Backend::Postgres).await;
+                    }
+                }
+            }
+        )*
+    };
+}
+pub(crate) use both_backends;
+
 pub struct TestServer {
     pub addr: SocketAddr,
     pub metrics: Arc<toolgate::metrics::Metrics>,
     pub audit: Arc<toolgate::audit::Audit>,
-    /// The server's SQLite file, for tests that inspect or reopen it.
+    /// The server's SQLite file, for tests that inspect or reopen it
+    /// (unused on PostgreSQL).
     pub db_path: PathBuf,
+    /// The server's PostgreSQL schema, dropped with the server.
+    _schema: Option<ScratchSchema>,
     /// The server's live policy set and its reloads.
     pub policies: Arc<PolicyReloader>,
     stop: Option<oneshot::Sender<()>>,
@@ -80,8 +145,22 @@ impl TestServer {
         Self::start_with(&example_policies(), AuthorizerConfig::default()).await
     }
 
+    /// The example deployment on `backend`.
+    pub async fn start_on(backend: Backend) -> Self {
+        Self::start_full(
+            backend,
+            &example_policies(),
+            AuthorizerConfig::default(),
+            Arc::new(SystemClock),
+            test_ledger_config(),
+            ReloadTriggers::NONE,
+        )
+        .await
+    }
+
     pub async fn start_with(policies: &Path, config: AuthorizerConfig) -> Self {
         Self::start_full(
+            Backend::Sqlite,
             policies,
             config,
             Arc::new(SystemClock),
@@ -100,6 +179,7 @@ impl TestServer {
             sighup: false,
         };
         Self::start_full(
+            Backend::Sqlite,
             policies,
             AuthorizerConfig::default(),
             Arc::new(SystemClock),
@@ -111,15 +191,25 @@ impl TestServer {
 
     /// A server on an injected clock, for expiry without sleeps.
     pub async fn start_with_clock(clock: toolgate::clock::ManualClock) -> Self {
-        Self::start_with_ledger(clock, test_ledger_config()).await
+        Self::start_with_clock_on(Backend::Sqlite, clock).await
     }
 
-    /// A server on an injected clock with these ledger settings.
-    pub async fn start_with_ledger(
+    /// A server on `backend` and an injected clock.
+    pub async fn start_with_clock_on(
+        backend: Backend,
+        clock: toolgate::clock::ManualClock,
+    ) -> Self {
+        Self::start_with_ledger_on(backend, clock, test_ledger_config()).await
+    }
+
+    /// A server on `backend`, an injected clock and these ledger settings.
+    pub async fn start_with_ledger_on(
+        backend: Backend,
         clock: toolgate::clock::ManualClock,
         ledger: LedgerConfig,
     ) -> Self {
         Self::start_full(
+            backend,
             &example_policies(),
             AuthorizerConfig::default(),
             Arc::new(clock),
@@ -131,7 +221,8 @@ impl TestServer {
 
     /// A server with listeners, grants, audit, limits or identity set up.
     pub async fn start_setup(setup: Setup) -> Self {
-        Self::start_on(
+        Self::start_configured(
+            Backend::Sqlite,
             &example_policies(),
             AuthorizerConfig::default(),
             Arc::new(SystemClock),
@@ -143,16 +234,27 @@ impl TestServer {
     }
 
     async fn start_full(
+        backend: Backend,
         policies: &Path,
         config: AuthorizerConfig,
         clock: Arc<dyn toolgate::clock::Clock>,
         ledger: LedgerConfig,
         reload: ReloadTriggers,
     ) -> Self {
-        Self::start_on(policies, config, clock, ledger, reload, Setup::default()).await
+        Self::start_configured(
+            backend,
+            policies,
+            config,
+            clock,
+            ledger,
+            reload,
+            Setup::default(),
+        )
+        .await
     }
 
-    async fn start_on(
+    async fn start_configured(
+        backend: Backend,
         policies: &Path,
         config: AuthorizerConfig,
         clock: Arc<dyn toolgate::clock::Clock>,
@@ -165,7 +267,16 @@ impl TestServer {
         let reloader = Arc::new(
             PolicyReloader::load(policies, Arc::clone(&clock)).unwrap_or_else(|e| panic!("{e:?}")),
         );
-        let store: Arc<dyn toolgate::store::Store> = Arc::new(SqliteStore::open(&db_path).unwrap());
+        let (store, schema): (Arc<dyn toolgate::store::Store>, _) = match backend {
+            Backend::Sqlite => (Arc::new(SqliteStore::open(&db_path).unwrap()), None),
+            Backend::Postgres => {
+                let schema = ScratchSchema::create(&scratch::test_url()).await.unwrap();
+                let store = PostgresStore::connect(schema.url(), StoreSettings::default())
+                    .await
+                    .unwrap();
+                (Arc::new(store), Some(schema))
+            }
+        };
         let (limits, violation_cap) = (config.limits, config.violation_cap);
         let engine = reloader.live();
         let metrics = Arc::clone(&setup.serve.metrics);
@@ -212,7 +323,7 @@ impl TestServer {
         let desk = Arc::new(
             toolgate::approval_desk::ApprovalDesk::new(
                 engine,
-                store,
+                Arc::clone(&store),
                 clock,
                 Some(test_verifier()),
                 events,
@@ -226,6 +337,8 @@ impl TestServer {
             ledger,
             policies: Arc::clone(&reloader),
             reload,
+            store,
+            store_probe_interval: Duration::from_millis(200),
         };
         let (listener, addr): (toolgate::grpc::Listener, SocketAddr) = match setup.unix_socket {
             Some(path) => (
@@ -255,6 +368,7 @@ impl TestServer {
             metrics,
             audit,
             db_path,
+            _schema: schema,
             policies: reloader,
             stop: Some(stop),
             task: Some(task),

@@ -1,0 +1,57 @@
+//! What the benchmarks share: the real `toolgate serve` binary as a child
+//! process, killed when its guard is dropped.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A child process, killed and reaped when dropped.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The example deployment shipped in `policies/`.
+pub fn example_policies() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies")
+}
+
+/// Starts the real sidecar with the example policies on `store` (a store
+/// URL) and returns it with the address it logged.
+pub fn start_sidecar(store: &str) -> Result<(ChildGuard, SocketAddr), BoxError> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
+        .arg("serve")
+        .arg("--policies")
+        .arg(example_policies())
+        .args(["--listen", "127.0.0.1:0", "--store", store])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let guard = ChildGuard(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Drains the log (the audit events) for the sidecar's whole life.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let listen = serde_json::from_str::<Value>(&line)
+                .ok()
+                .and_then(|v| v["fields"]["listen"].as_str().map(str::to_owned));
+            if let Some(listen) = listen {
+                let _ = tx.send(listen);
+            }
+        }
+    });
+    let listen = rx.recv_timeout(Duration::from_secs(60))?;
+    Ok((guard, listen.parse()?))
+}

@@ -1,0 +1,755 @@
+//! The store's semantics as every backend must provide them, approvals and
+//! the ledger, written once against `dyn Store` and a [`Backend`] that opens
+//! more stores (a process's worth: a connection, a pool) on one database.
+//! [`store_suite!`] turns every check into a test of a backend, so SQLite
+//! and PostgreSQL run the very same checks, unchanged.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{ApprovalDecision, ApprovalUse, DecideOutcome, Store};
+use crate::approvals::{ApprovalStatus, NewApproval};
+use crate::clock::UnixMillis;
+use crate::ledger::{
+    Begin, BeginOutcome, Collect, Complete, Completion, ExecutionId, ExecutionState, OutputSchemas,
+    Reconcile, RecordedError, Verdict,
+};
+use crate::tools::{Risk, Violation};
+
+/// One empty database for one test.
+#[async_trait::async_trait]
+pub trait Backend: Send + Sync {
+    /// Opens another store (connection, pool) on the database: what another
+    /// sidecar process would hold.
+    async fn open(&self) -> Arc<dyn Store>;
+}
+
+/// One `#[tokio::test]` per check of this module, each on a fresh database
+/// from `$make` (an async fn returning `Option<impl Backend>`; `None` skips,
+/// which only a backend that is not reachable outside CI may do).
+macro_rules! store_suite {
+    ($make:path) => {
+        $crate::store::suite::store_suite!(@each $make;
+            transitions_round_trip,
+            exactly_one_acquires_across_connections,
+            collection_is_batched_and_spares_live_leases,
+            fencing_tokens_strictly_increase_across_connections,
+            the_first_decision_wins_and_expiry_sweeps_what_is_due,
+            an_approval_is_consumed_by_the_first_key_only,
+            the_same_call_gets_the_same_pending_approval_until_it_expires,
+            one_pending_approval_per_call_across_connections,
+            the_first_of_concurrent_decisions_wins_across_connections,
+            an_approval_is_consumed_once_across_connections,
+            each_expiry_is_swept_once_across_connections,
+        );
+    };
+    (@each $make:path; $($check:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $check() {
+                if let Some(backend) = $make().await {
+                    $crate::store::suite::$check(&backend).await;
+                }
+            }
+        )*
+    };
+}
+pub(crate) use store_suite;
+
+/// Every result is valid: these tests are about persistence, not schemas.
+#[derive(Debug)]
+struct AnyOutput;
+
+impl OutputSchemas for AnyOutput {
+    fn check(&self, _: &str, _: &Value) -> Option<Vec<Violation>> {
+        Some(Vec::new())
+    }
+}
+
+fn id(tenant: &str, key: &str) -> ExecutionId {
+    ExecutionId {
+        tenant_id: tenant.into(),
+        idempotency_key: key.into(),
+    }
+}
+
+fn begin(tenant: &str, key: &str, now: UnixMillis) -> Begin {
+    Begin {
+        id: id(tenant, key),
+        tool: "refund_order".into(),
+        arguments_sha256: "aa".into(),
+        lease_ms: 1_000,
+        max_attempts: 3,
+        now,
+    }
+}
+
+fn complete(key: &str, token: u64, completion: Completion, now: UnixMillis) -> Complete {
+    Complete {
+        id: id("acme", key),
+        fencing_token: token,
+        completion,
+        now,
+        outputs: Arc::new(AnyOutput),
+    }
+}
+
+/// Begin, complete, reconcile and read back: every field survives the
+/// round trip through the database, and tenants are apart.
+pub async fn transitions_round_trip(backend: &dyn Backend) {
+    let store = &*backend.open().await;
+    let acquired = store
+        .begin_execution(begin("acme", "k1", 100))
+        .await
+        .unwrap();
+    assert_eq!(acquired.outcome, BeginOutcome::Acquired);
+    let declined = RecordedError {
+        code: "card_declined".into(),
+        category: "payment".into(),
+        message: "declined \u{1F4B3}".into(),
+        retryable: true,
+        resolution: "retry_same_key".into(),
+        expose_to_model: true,
+        expose_to_user: false,
+        details_json: r#"{"issuer":"x"}"#.into(),
+    };
+    let settled = store
+        .complete_execution(complete(
+            "k1",
+            acquired.fencing_token,
+            Completion::FailedRetryable(Some(declined.clone())),
+            150,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(settled.state, Some(ExecutionState::FailedRetryable));
+    let r = store.get_execution("acme", "k1").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            r.state,
+            r.attempt,
+            r.max_attempts,
+            r.fencing_token,
+            r.revision
+        ),
+        (
+            ExecutionState::FailedRetryable,
+            1,
+            3,
+            acquired.fencing_token,
+            2
+        )
+    );
+    assert_eq!(
+        (r.created_at, r.updated_at, r.lease_expires_at),
+        (100, 150, 1_100)
+    );
+    assert_eq!(r.error, Some(declined));
+    assert_eq!(r.tool, "refund_order");
+    assert_eq!(r.arguments_sha256, "aa");
+
+    let again = store
+        .begin_execution(begin("acme", "k1", 200))
+        .await
+        .unwrap();
+    assert_eq!((again.outcome, again.attempt), (BeginOutcome::Acquired, 2));
+    assert!(again.fencing_token > acquired.fencing_token);
+    store
+        .complete_execution(complete(
+            "k1",
+            again.fencing_token,
+            Completion::Unknown(None),
+            250,
+        ))
+        .await
+        .unwrap();
+    let reconciled = store
+        .reconcile_execution(Reconcile {
+            id: id("acme", "k1"),
+            verdict: Verdict::Applied {
+                result_json: r#"{"refund_id":"re_1"}"#.into(),
+                result: serde_json::json!({"refund_id": "re_1"}),
+            },
+            now: 300,
+            outputs: Arc::new(AnyOutput),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(reconciled.state, Some(ExecutionState::Succeeded));
+    let r = store.get_execution("acme", "k1").await.unwrap().unwrap();
+    assert_eq!(r.result_json.as_deref(), Some(r#"{"refund_id":"re_1"}"#));
+    assert_eq!((r.error, r.revision, r.updated_at), (None, 5, 300));
+
+    // Another tenant sees nothing, and its own key is its own.
+    assert_eq!(store.get_execution("globex", "k1").await.unwrap(), None);
+    let theirs = store
+        .begin_execution(begin("globex", "k1", 400))
+        .await
+        .unwrap();
+    assert_eq!(
+        (theirs.outcome, theirs.attempt),
+        (BeginOutcome::Acquired, 1)
+    );
+    assert_eq!(
+        store
+            .get_execution("acme", "k1")
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        ExecutionState::Succeeded
+    );
+}
+
+/// 32 concurrent Begins on one key, spread over two connections to the same
+/// database, give exactly one ACQUIRED, for a new key and for a retry after
+/// a retryable failure: the database's transaction, not an in-process lock,
+/// decides.
+pub async fn exactly_one_acquires_across_connections(backend: &dyn Backend) {
+    let stores = [backend.open().await, backend.open().await];
+    for round in 0..5 {
+        let key = format!("race-{round}");
+        let winners = race(&stores, &key, 1_000).await;
+        assert_eq!(winners.len(), 1, "round {round}: {winners:?}");
+        let (attempt, token) = winners[0];
+        assert_eq!(attempt, 1);
+        stores[0]
+            .complete_execution(complete(
+                &key,
+                token,
+                Completion::FailedRetryable(None),
+                1_001,
+            ))
+            .await
+            .unwrap();
+        let retry = race(&stores, &key, 1_002).await;
+        assert_eq!(retry.len(), 1, "round {round} retry: {retry:?}");
+        assert_eq!(retry[0].0, 2);
+        assert!(retry[0].1 > token);
+    }
+}
+
+/// `n` calls at once (released together by a barrier), spread over the
+/// stores in turn; their results in call order, each bounded by 30 s.
+async fn at_once<T, F, Fut>(stores: &[Arc<dyn Store>; 2], n: usize, call: F) -> Vec<T>
+where
+    F: Fn(Arc<dyn Store>, usize) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let barrier = Arc::clone(&barrier);
+            let work = call(Arc::clone(&stores[i % 2]), i);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                work.await
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(n);
+    for t in tasks {
+        out.push(
+            tokio::time::timeout(Duration::from_secs(30), t)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    out
+}
+
+/// The (attempt, token) of every ACQUIRED among 32 concurrent Begins.
+async fn race(stores: &[Arc<dyn Store>; 2], key: &str, now: UnixMillis) -> Vec<(u32, u64)> {
+    let answers = at_once(stores, 32, |store, _| {
+        let step = begin("acme", key, now);
+        async move { store.begin_execution(step).await.unwrap() }
+    })
+    .await;
+    let mut winners = Vec::new();
+    for a in answers {
+        match a.outcome {
+            BeginOutcome::Acquired => winners.push((a.attempt, a.fencing_token)),
+            BeginOutcome::InProgress => assert_eq!(a.fencing_token, 0),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    winners
+}
+
+/// Collection deletes due records in batches of at most `limit`, spares a
+/// live lease, and never lets a key's later life reuse a token.
+pub async fn collection_is_batched_and_spares_live_leases(backend: &dyn Backend) {
+    let store = &*backend.open().await;
+    let mut first_token = 0;
+    for i in 0..25 {
+        let a = store
+            .begin_execution(begin("acme", &format!("old-{i}"), 1_000))
+            .await
+            .unwrap();
+        if i == 0 {
+            first_token = a.fencing_token;
+        }
+        store
+            .complete_execution(complete(
+                &format!("old-{i}"),
+                a.fencing_token,
+                Completion::FailedFinal(None),
+                1_000,
+            ))
+            .await
+            .unwrap();
+    }
+    let mut held = begin("acme", "held", 1_000);
+    held.lease_ms = 1_000_000;
+    store.begin_execution(held).await.unwrap();
+    store
+        .begin_execution(begin("acme", "young", 6_000))
+        .await
+        .unwrap();
+
+    let due = Collect::new(10_000, Duration::from_millis(5_000), 10);
+    let mut batches = Vec::new();
+    for _ in 0..10 {
+        let n = store.collect_executions(due).await.unwrap();
+        batches.push(n);
+        if n == 0 {
+            break;
+        }
+    }
+    assert_eq!(batches, vec![10, 10, 5, 0]);
+    assert_eq!(store.get_execution("acme", "old-0").await.unwrap(), None);
+    assert!(store.get_execution("acme", "held").await.unwrap().is_some());
+    assert!(
+        store
+            .get_execution("acme", "young")
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    let reborn = store
+        .begin_execution(begin("acme", "old-0", 20_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        (reborn.outcome, reborn.attempt),
+        (BeginOutcome::Acquired, 1)
+    );
+    assert!(reborn.fencing_token > first_token + 26);
+    // The holder of the first life's token cannot complete the second.
+    let stale = store
+        .complete_execution(complete(
+            "old-0",
+            first_token,
+            Completion::Unknown(None),
+            20_001,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(stale.error.map(|e| e.code), Some("lease_lost".to_owned()));
+}
+
+/// Tokens drawn on two connections at once are all distinct, and each key's
+/// later acquisition carries a larger token than its earlier one.
+pub async fn fencing_tokens_strictly_increase_across_connections(backend: &dyn Backend) {
+    let stores = [backend.open().await, backend.open().await];
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let store = Arc::clone(&stores[i % 2]);
+        tasks.push(tokio::spawn(async move {
+            let key = format!("k{i}");
+            let first = store.begin_execution(begin("acme", &key, 0)).await.unwrap();
+            let step = complete(
+                &key,
+                first.fencing_token,
+                Completion::FailedRetryable(None),
+                1,
+            );
+            store.complete_execution(step).await.unwrap();
+            let second = store.begin_execution(begin("acme", &key, 2)).await.unwrap();
+            assert_eq!(
+                (first.outcome, second.outcome, second.attempt),
+                (BeginOutcome::Acquired, BeginOutcome::Acquired, 2)
+            );
+            assert!(second.fencing_token > first.fencing_token, "{key}");
+            [first.fencing_token, second.fencing_token]
+        }));
+    }
+    let mut seen = HashSet::new();
+    for t in tasks {
+        for token in t.await.unwrap() {
+            assert!(token >= 1);
+            assert!(seen.insert(token), "token {token} issued twice");
+        }
+    }
+    assert_eq!(seen.len(), 32);
+}
+
+/// A pending approval of tenant `t1`, due 1 s after `now`.
+pub fn new_approval(id: &str, now: UnixMillis) -> NewApproval {
+    NewApproval {
+        approval_id: id.into(),
+        tenant_id: "t1".into(),
+        requester_subject_id: "alice".into(),
+        agent_id: "agent".into(),
+        tool: "refund_order".into(),
+        tool_version: "1".into(),
+        risk: Risk::Financial,
+        arguments_sha256: "ab".into(),
+        display_arguments: "{}".into(),
+        request_id: "r1".into(),
+        created_at: now,
+        expires_at: now + 1000,
+    }
+}
+
+fn decision(approve: bool, by: &str, at: UnixMillis) -> ApprovalDecision {
+    ApprovalDecision {
+        approve,
+        decided_by: by.into(),
+        reason: "ok".into(),
+        decided_at: at,
+        approved_expires_at: 500,
+    }
+}
+
+/// The first decision wins, another tenant finds nothing, and expiry sweeps
+/// exactly the due pending and unconsumed approved ones; listing pages by id.
+pub async fn the_first_decision_wins_and_expiry_sweeps_what_is_due(backend: &dyn Backend) {
+    let store = backend.open().await;
+    store
+        .pending_approval_for_call(new_approval("a1", 0), 0)
+        .await
+        .unwrap();
+    let first = store
+        .decide_approval("t1", "a1", decision(true, "dana", 5))
+        .await
+        .unwrap();
+    let DecideOutcome::Decided(r) = first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(
+        (
+            r.status,
+            r.expires_at,
+            r.decided_by.as_deref(),
+            r.decided_at
+        ),
+        (ApprovalStatus::Approved, 500, Some("dana"), Some(5))
+    );
+    assert_eq!(r.reason.as_deref(), Some("ok"));
+    let second = store
+        .decide_approval("t1", "a1", decision(false, "erin", 6))
+        .await
+        .unwrap();
+    let DecideOutcome::AlreadyDecided(r) = second else {
+        panic!("{second:?}")
+    };
+    assert_eq!(
+        (r.status, r.decided_by.as_deref()),
+        (ApprovalStatus::Approved, Some("dana"))
+    );
+    assert_eq!(
+        store
+            .decide_approval("t2", "a1", decision(true, "x", 6))
+            .await
+            .unwrap(),
+        DecideOutcome::NotFound
+    );
+    let mut pending = new_approval("a2", 0);
+    pending.request_id = "r2".into();
+    store.pending_approval_for_call(pending, 0).await.unwrap();
+    // A rejected one never expires; a consumed one neither.
+    let mut rejected = new_approval("a3", 0);
+    rejected.request_id = "r3".into();
+    store.pending_approval_for_call(rejected, 0).await.unwrap();
+    store
+        .decide_approval("t1", "a3", decision(false, "dana", 5))
+        .await
+        .unwrap();
+    assert!(store.expire_due(499).await.unwrap().is_empty());
+    let mut expired: Vec<String> = store
+        .expire_due(1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            assert_eq!(r.status, ApprovalStatus::Expired);
+            r.approval_id
+        })
+        .collect();
+    expired.sort();
+    assert_eq!(expired, vec!["a1", "a2"]);
+    assert!(store.expire_due(2000).await.unwrap().is_empty());
+    let all = store
+        .list_approvals("t1", Some(ApprovalStatus::Expired), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 2);
+    let page = store
+        .list_approvals("t1", None, Some("a1".into()), 10)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = page.iter().map(|r| r.approval_id.as_str()).collect();
+    assert_eq!(ids, vec!["a2", "a3"]);
+    let one = store.list_approvals("t1", None, None, 1).await.unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].approval_id, "a1");
+    assert!(
+        store
+            .list_approvals("t2", None, None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// Only an approved, unexpired approval is consumed, by its first key; the
+/// same key may use it again, another may not, nor another tenant.
+pub async fn an_approval_is_consumed_by_the_first_key_only(backend: &dyn Backend) {
+    let store = backend.open().await;
+    store
+        .pending_approval_for_call(new_approval("a1", 0), 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.consume_approval("t1", "a1", "k1", 1).await.unwrap(),
+        ApprovalUse::NotUsable
+    );
+    store
+        .decide_approval("t1", "a1", decision(true, "dana", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.consume_approval("t1", "a1", "k1", 1).await.unwrap(),
+        ApprovalUse::Consumed { first: true }
+    );
+    assert_eq!(
+        store.consume_approval("t1", "a1", "k1", 2).await.unwrap(),
+        ApprovalUse::Consumed { first: false }
+    );
+    assert_eq!(
+        store.consume_approval("t1", "a1", "k2", 2).await.unwrap(),
+        ApprovalUse::ConsumedByOther
+    );
+    assert_eq!(
+        store.consume_approval("t2", "a1", "k1", 2).await.unwrap(),
+        ApprovalUse::NotUsable
+    );
+    assert_eq!(
+        store
+            .consume_approval("t1", "a1", "k1", 1000)
+            .await
+            .unwrap(),
+        ApprovalUse::NotUsable
+    );
+    assert_eq!(
+        store.consume_approval("t1", "nope", "k1", 2).await.unwrap(),
+        ApprovalUse::NotUsable
+    );
+    let r = store.get_approval("t1", "a1").await.unwrap().unwrap();
+    assert_eq!(r.consumed_by_idempotency_key.as_deref(), Some("k1"));
+    // A consumed approval is not swept as expired.
+    assert!(store.expire_due(10_000).await.unwrap().is_empty());
+}
+
+/// Every field survives the round trip; the same call gets the same pending
+/// approval until it expires, then a new one.
+pub async fn the_same_call_gets_the_same_pending_approval_until_it_expires(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let mut first = new_approval("a1", 0);
+    first.display_arguments = r#"{"note":"caf\u{e9} \u{1F4B3}"}"#.into();
+    let (a, created) = store
+        .pending_approval_for_call(first.clone(), 0)
+        .await
+        .unwrap();
+    assert!(created);
+    let read = store.get_approval("t1", "a1").await.unwrap().unwrap();
+    assert_eq!(read, a);
+    let expected = crate::approvals::ApprovalRecord {
+        approval_id: "a1".into(),
+        tenant_id: "t1".into(),
+        requester_subject_id: "alice".into(),
+        agent_id: "agent".into(),
+        tool: "refund_order".into(),
+        tool_version: "1".into(),
+        risk: Risk::Financial,
+        arguments_sha256: "ab".into(),
+        display_arguments: first.display_arguments.clone(),
+        request_id: "r1".into(),
+        status: ApprovalStatus::Pending,
+        created_at: 0,
+        expires_at: 1000,
+        decided_by: None,
+        decided_at: None,
+        reason: None,
+        consumed_by_idempotency_key: None,
+    };
+    assert_eq!(read, expected);
+    let (b, created) = store
+        .pending_approval_for_call(new_approval("a2", 10), 10)
+        .await
+        .unwrap();
+    assert!(!created);
+    assert_eq!(b.approval_id, "a1");
+    let (c, created) = store
+        .pending_approval_for_call(new_approval("a3", 1000), 1000)
+        .await
+        .unwrap();
+    assert!(created);
+    assert_eq!(c.approval_id, "a3");
+    let old = store.get_approval("t1", "a1").await.unwrap().unwrap();
+    assert_eq!(old.status, ApprovalStatus::Expired);
+    assert!(store.get_approval("t2", "a3").await.unwrap().is_none());
+}
+
+/// 16 requests for the same call at once, on two connections: one approval,
+/// created once.
+pub async fn one_pending_approval_per_call_across_connections(backend: &dyn Backend) {
+    let stores = [backend.open().await, backend.open().await];
+    let answers = at_once(&stores, 16, |store, i| async move {
+        store
+            .pending_approval_for_call(new_approval(&format!("a{i:02}"), 0), 0)
+            .await
+            .unwrap()
+    })
+    .await;
+    let mut ids = HashSet::new();
+    let mut created = 0;
+    for (record, new) in answers {
+        ids.insert(record.approval_id);
+        created += usize::from(new);
+    }
+    assert_eq!((ids.len(), created), (1, 1), "{ids:?}");
+    let listed = stores[0]
+        .list_approvals("t1", None, None, 100)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+}
+
+/// 16 approvers decide at once on two connections: exactly one decision is
+/// recorded, and every other caller is told it was already decided.
+pub async fn the_first_of_concurrent_decisions_wins_across_connections(backend: &dyn Backend) {
+    let stores = [backend.open().await, backend.open().await];
+    stores[0]
+        .pending_approval_for_call(new_approval("a1", 0), 0)
+        .await
+        .unwrap();
+    let answers = at_once(&stores, 16, |store, i| async move {
+        let by = format!("approver-{i}");
+        store
+            .decide_approval("t1", "a1", decision(i % 3 != 0, &by, 5))
+            .await
+            .unwrap()
+    })
+    .await;
+    let mut winners = Vec::new();
+    let mut losers = Vec::new();
+    for answer in answers {
+        match answer {
+            DecideOutcome::Decided(r) => winners.push(r),
+            DecideOutcome::AlreadyDecided(r) => losers.push(r),
+            DecideOutcome::NotFound => panic!("not found"),
+        }
+    }
+    assert_eq!((winners.len(), losers.len()), (1, 15));
+    let stored = stores[1].get_approval("t1", "a1").await.unwrap().unwrap();
+    assert_eq!(stored, winners[0]);
+    assert!(losers.iter().all(|r| r.decided_by == stored.decided_by));
+}
+
+/// 16 operations present the same approval at once on two connections:
+/// exactly one consumes it, every other is refused as consumed by another.
+pub async fn an_approval_is_consumed_once_across_connections(backend: &dyn Backend) {
+    let stores = [backend.open().await, backend.open().await];
+    stores[0]
+        .pending_approval_for_call(new_approval("a1", 0), 0)
+        .await
+        .unwrap();
+    stores[0]
+        .decide_approval("t1", "a1", decision(true, "dana", 1))
+        .await
+        .unwrap();
+    let answers = at_once(&stores, 16, |store, i| async move {
+        let key = format!("k{i}");
+        let used = store.consume_approval("t1", "a1", &key, 2).await.unwrap();
+        (key, used)
+    })
+    .await;
+    let mut first = Vec::new();
+    for answer in answers {
+        match answer {
+            (key, ApprovalUse::Consumed { first: true }) => first.push(key),
+            (_, ApprovalUse::ConsumedByOther) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(first.len(), 1, "{first:?}");
+    let stored = stores[1].get_approval("t1", "a1").await.unwrap().unwrap();
+    assert_eq!(stored.consumed_by_idempotency_key.as_ref(), first.first());
+}
+
+/// Two sweeps at once on two connections: every due approval is returned
+/// (and so announced) by exactly one of them.
+pub async fn each_expiry_is_swept_once_across_connections(backend: &dyn Backend) {
+    let stores = [backend.open().await, backend.open().await];
+    for i in 0..40 {
+        let mut a = new_approval(&format!("a{i:02}"), 0);
+        a.request_id = format!("r{i}");
+        stores[i % 2].pending_approval_for_call(a, 0).await.unwrap();
+    }
+    let sweeps: Vec<_> = stores
+        .iter()
+        .map(|s| {
+            let s = Arc::clone(s);
+            tokio::spawn(async move { s.expire_due(5_000).await.unwrap() })
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for sweep in sweeps {
+        seen.extend(sweep.await.unwrap().into_iter().map(|r| r.approval_id));
+    }
+    seen.sort();
+    let expected: Vec<String> = (0..40).map(|i| format!("a{i:02}")).collect();
+    assert_eq!(seen, expected);
+}
+
+/// A transition whose update expects a revision the record is not at: what
+/// a backend must refuse with `StoreError::Conflict { expected: 98 }`,
+/// writing nothing.
+#[derive(Debug)]
+pub struct Stale(pub ExecutionId);
+
+impl crate::ledger::Transition for Stale {
+    type Answer = ();
+    fn id(&self) -> &ExecutionId {
+        &self.0
+    }
+    fn apply(
+        &self,
+        current: Option<&crate::ledger::ExecutionRecord>,
+        next: u64,
+    ) -> ((), crate::ledger::Write) {
+        let mut record = current.unwrap().clone();
+        record.fencing_token = next;
+        record.revision = 99;
+        let write = crate::ledger::Write::Update {
+            record,
+            previous_revision: 98,
+        };
+        ((), write)
+    }
+}
+
+/// The record `Stale` then meets: key `k` of `acme`, just acquired.
+pub async fn stale_target(store: &dyn Store) -> (Stale, u64) {
+    let begun = store.begin_execution(begin("acme", "k", 0)).await.unwrap();
+    (Stale(id("acme", "k")), begun.fencing_token)
+}
