@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: sets up what the tests need
 # (a Python virtualenv with grpcio, grpcio-tools and rfc8785 for the Python
-# executor test; the PostgreSQL server of the machine for the PostgreSQL
-# store tests), then runs every Rust test (benches are compiled by clippy in
+# executor test; the npm packages of clients/node, from its lock file, for
+# the Node.js executor and gRPC-Web tests; the PostgreSQL server of the
+# machine for the PostgreSQL store tests), then runs every Rust test (benches are compiled by clippy in
 # .ci/run, never run here). Extra arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r clients/python/requirements.txt
 export TOOLGATE_PYTHON="$PWD/$venv/bin/python"
+
+(cd clients/node && npm ci --no-audit --no-fund --loglevel=error)
 
 # PostgreSQL for the store suite, the replicas and the outage test: the
 # machine's server on 127.0.0.1:5432 (started if it was stopped), or the

@@ -11,9 +11,11 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use crate::approvals::{ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus};
+use crate::audit::{ApprovalAudit, Audit, AuditEvent};
 use crate::clock::{Clock, UnixMillis};
 use crate::envelope::{Envelope, ErrorCode};
 use crate::identity::Caller;
+use crate::metrics::Metrics;
 use crate::policy::{DecideError, PolicyDecision, PolicyEngine};
 use crate::store::{ApprovalDecision, DecideOutcome, Store, StoreError};
 
@@ -41,6 +43,8 @@ pub struct ApprovalDesk {
     clock: Arc<dyn Clock>,
     verifier: Option<Arc<dyn IdentityVerifier>>,
     events: Arc<ApprovalEvents>,
+    audit: Arc<Audit>,
+    metrics: Arc<Metrics>,
 }
 
 /// One page of approvals.
@@ -67,7 +71,18 @@ impl ApprovalDesk {
             clock,
             verifier,
             events,
+            audit: Arc::new(Audit::disabled()),
+            metrics: Arc::new(Metrics::default()),
         }
+    }
+
+    /// Records every approval decision on `audit` and counts it and store
+    /// errors on `metrics`.
+    #[must_use]
+    pub fn with_observers(mut self, audit: Arc<Audit>, metrics: Arc<Metrics>) -> Self {
+        self.audit = audit;
+        self.metrics = metrics;
+        self
     }
 
     /// The events hub watchers subscribe to.
@@ -105,7 +120,7 @@ impl ApprovalDesk {
         self.store
             .get_approval(&caller.tenant_id, approval_id)
             .await
-            .map_err(|e| store_failure(&e))?
+            .map_err(|e| self.store_failure(&e))?
             .ok_or_else(not_found)
     }
 
@@ -137,7 +152,7 @@ impl ApprovalDesk {
             .store
             .list_approvals(&caller.tenant_id, status, after, limit + 1)
             .await
-            .map_err(|e| store_failure(&e))?;
+            .map_err(|e| self.store_failure(&e))?;
         let next_page_token = if approvals.len() > limit {
             approvals.truncate(limit);
             approvals
@@ -166,15 +181,72 @@ impl ApprovalDesk {
         approve: bool,
         arguments_sha256: &str,
         reason: &str,
+        peer: &str,
+    ) -> Result<ApprovalRecord, DeskError> {
+        let started = std::time::Instant::now();
+        let verdict = if approve { "approve" } else { "reject" };
+        let mut approver = None;
+        let mut found = None;
+        let result = self
+            .decide_as(
+                token,
+                approval_id,
+                approve,
+                arguments_sha256,
+                reason,
+                &mut approver,
+                &mut found,
+            )
+            .await;
+        let outcome = match &result {
+            Ok(r) if r.status == ApprovalStatus::Approved => "approved",
+            Ok(_) => "rejected",
+            Err(DeskError(e)) => e.code.as_str(),
+        };
+        self.metrics.approval_decision(outcome);
+        let record = result.as_ref().ok().or(found.as_ref());
+        let event = AuditEvent::approval_decision(
+            ApprovalAudit {
+                approval_id,
+                record,
+                verdict,
+                policy_version: self.engine.load().version(),
+                peer,
+            },
+            approver.as_ref(),
+            outcome,
+            started.elapsed(),
+        );
+        // The decision is already durable in the store: a full audit queue
+        // is counted and logged by `record`, and the answer stands.
+        let _ = self.audit.record(event).await;
+        result
+    }
+
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the audit needs what the decision saw, even when it fails part way"
+    )]
+    async fn decide_as(
+        &self,
+        token: &str,
+        approval_id: &str,
+        approve: bool,
+        arguments_sha256: &str,
+        reason: &str,
+        approver_seen: &mut Option<Caller>,
+        record_seen: &mut Option<ApprovalRecord>,
     ) -> Result<ApprovalRecord, DeskError> {
         let approver = self.authenticate(token)?;
+        *approver_seen = Some(approver.clone());
         let now = self.clock.now_ms();
         let record = self
             .store
             .get_approval(&approver.tenant_id, approval_id)
             .await
-            .map_err(|e| store_failure(&e))?
+            .map_err(|e| self.store_failure(&e))?
             .ok_or_else(not_found)?;
+        *record_seen = Some(record.clone());
         // Whether this approver may decide comes first: one who may not
         // learns nothing about the approval's arguments or state.
         let engine = self.engine.load_full();
@@ -216,25 +288,23 @@ impl ApprovalDesk {
         {
             Ok(DecideOutcome::Decided(r)) => {
                 self.events.publish(ApprovalEventKind::Decided, &r, None);
-                tracing::info!(
-                    target: crate::telemetry::AUDIT_TARGET,
-                    approval_id = %r.approval_id,
-                    tenant = %r.tenant_id,
-                    approver = %approver.subject_id,
-                    requester = %r.requester_subject_id,
-                    tool = %r.tool,
-                    arguments_sha256 = %r.arguments_sha256,
-                    verdict,
-                    "approval decided"
-                );
                 Ok(r)
             }
             Ok(DecideOutcome::AlreadyDecided(r)) => {
                 Err(already(&r, now).unwrap_or_else(|| decided_error(&r)))
             }
             Ok(DecideOutcome::NotFound) => Err(not_found()),
-            Err(e) => Err(store_failure(&e)),
+            Err(e) => Err(self.store_failure(&e)),
         }
+    }
+
+    fn store_failure(&self, e: &StoreError) -> DeskError {
+        self.metrics.store_error();
+        tracing::error!(error = %e, "store failure on the approval desk");
+        DeskError(Envelope::new(
+            ErrorCode::InternalError,
+            "the approval store failed; retry",
+        ))
     }
 
     /// Marks due approvals EXPIRED and announces them.
@@ -242,7 +312,11 @@ impl ApprovalDesk {
     /// # Errors
     /// [`StoreError`] when the database fails.
     pub async fn expire_due(&self) -> Result<usize, StoreError> {
-        let expired = self.store.expire_due(self.clock.now_ms()).await?;
+        let expired = self
+            .store
+            .expire_due(self.clock.now_ms())
+            .await
+            .inspect_err(|_| self.metrics.store_error())?;
         for r in &expired {
             self.events.publish(ApprovalEventKind::Expired, r, None);
         }
@@ -319,12 +393,4 @@ fn bad_page_token() -> DeskError {
         Envelope::new(ErrorCode::InvalidArguments, "the page token is not valid")
             .with("reason", "bad_page_token"),
     )
-}
-
-fn store_failure(e: &StoreError) -> DeskError {
-    tracing::error!(error = %e, "store failure on the approval desk");
-    DeskError(Envelope::new(
-        ErrorCode::InternalError,
-        "the approval store failed; retry",
-    ))
 }

@@ -14,14 +14,18 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use serde_json::Value;
 
+use crate::approval_desk::IdentityVerifier;
 use crate::approvals::{
     self, ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval,
 };
+use crate::audit::{Audit, AuditEvent};
 use crate::clock::{Clock, UnixMillis};
 use crate::decode::{self, DecodeError, Limits};
 use crate::envelope::{Envelope, ErrorCode};
 use crate::identity::Caller;
+use crate::metrics::{Metrics, UNKNOWN_TOOL};
 use crate::policy::{DecideError, PolicyDecision, PolicyEngine, ToolCall};
+use crate::ratelimit::{Limited, RateLimits};
 use crate::store::{ApprovalUse, Store};
 use crate::tools::{Risk, ToolContract};
 
@@ -64,6 +68,11 @@ pub struct AuthorizeInput {
     pub deadline: Option<Instant>,
     pub entities_json: String,
     pub tool_version: String,
+    /// The executor's identity token (`auth.identity_token`): the principal
+    /// when the deployment requires one. Never logged.
+    pub identity_token: String,
+    /// The transport identity of the connection, for the audit log.
+    pub peer: String,
 }
 
 /// A malformed request from the executor itself (not the model): answered
@@ -99,6 +108,85 @@ pub fn require_caller(caller: Option<&Caller>) -> Result<&Caller, ExecutorError>
         return Err(ExecutorError::new("auth.tenant_id", "must not be empty"));
     }
     Ok(caller)
+}
+
+/// How the principal of an executor's request is established (DESIGN §1):
+/// the auth context as sent, or — when the deployment requires identity
+/// tokens — the verified token's claims, which the auth context's own
+/// fields must agree with; `agent_id` and `session_id` always come from the
+/// auth context. The one home of this rule, for decisions and the ledger.
+#[derive(Debug, Clone, Default)]
+pub struct Principals {
+    verifier: Option<Arc<dyn IdentityVerifier>>,
+    required: bool,
+}
+
+impl Principals {
+    /// Identity tokens are verified with `verifier`; when `required`, the
+    /// principal comes from them.
+    #[must_use]
+    pub fn new(verifier: Option<Arc<dyn IdentityVerifier>>, required: bool) -> Self {
+        Self { verifier, required }
+    }
+
+    /// The principal of a request whose auth context is `auth`, carrying
+    /// `identity_token`, at `now`. `Ok(Err(_))` is an `unauthorized`
+    /// envelope whose `details.reason` says why (`missing_token`,
+    /// `subject_mismatch`, the token's own failure such as `expired`, …).
+    ///
+    /// # Errors
+    /// [`ExecutorError`] when there is no auth context or, without required
+    /// tokens, it names no subject or tenant.
+    pub fn resolve(
+        &self,
+        auth: Option<&Caller>,
+        identity_token: &str,
+        now: UnixMillis,
+    ) -> Result<Result<Caller, Envelope>, ExecutorError> {
+        if !self.required {
+            return Ok(Ok(require_caller(auth)?.clone()));
+        }
+        let auth =
+            auth.ok_or_else(|| ExecutorError::new("auth", "the auth context is required"))?;
+        let refuse = |reason: &'static str| {
+            Envelope::new(
+                ErrorCode::Unauthorized,
+                "the caller's identity token is missing, invalid, or disagrees with the auth context",
+            )
+            .with("reason", reason)
+        };
+        if identity_token.is_empty() {
+            return Ok(Err(refuse("missing_token")));
+        }
+        let Some(verifier) = &self.verifier else {
+            return Ok(Err(refuse("no_key_set")));
+        };
+        let verified = match verifier.verify(identity_token, now.div_euclid(1000)) {
+            Ok(c) => c,
+            Err(reason) => return Ok(Err(refuse(reason))),
+        };
+        let disagrees = |given: &str, proven: &str| !given.is_empty() && given != proven;
+        fn set(v: &[String]) -> std::collections::BTreeSet<&str> {
+            v.iter().map(String::as_str).collect()
+        }
+        if disagrees(&auth.subject_id, &verified.subject_id) {
+            return Ok(Err(refuse("subject_mismatch")));
+        }
+        if disagrees(&auth.tenant_id, &verified.tenant_id) {
+            return Ok(Err(refuse("tenant_mismatch")));
+        }
+        if !auth.roles.is_empty() && set(&auth.roles) != set(&verified.roles) {
+            return Ok(Err(refuse("roles_mismatch")));
+        }
+        if !auth.scopes.is_empty() && set(&auth.scopes) != set(&verified.scopes) {
+            return Ok(Err(refuse("scopes_mismatch")));
+        }
+        Ok(Ok(Caller {
+            agent_id: auth.agent_id.clone(),
+            session_id: auth.session_id.clone(),
+            ..verified
+        }))
+    }
 }
 
 /// `tool_not_found` for a name the model or executor gave, echoed safely.
@@ -151,6 +239,9 @@ pub struct AuthorizeOutcome {
     pub tool_version: String,
     /// Determining policy ids: for the audit log, never for the model.
     pub policies: Vec<String>,
+    /// The principal the call was decided for (`None` when it could not be
+    /// established): what `begin_execution` keys the ledger by.
+    pub principal: Option<Caller>,
 }
 
 /// The orchestrator of one decision.
@@ -161,6 +252,10 @@ pub struct ToolCallAuthorizer {
     clock: Arc<dyn Clock>,
     config: AuthorizerConfig,
     events: Option<Arc<ApprovalEvents>>,
+    audit: Arc<Audit>,
+    metrics: Arc<Metrics>,
+    limits: Arc<RateLimits>,
+    principals: Principals,
 }
 
 /// What the pipeline knows of a call after hashing: shared by every answer from there on.
@@ -188,7 +283,40 @@ impl ToolCallAuthorizer {
             clock,
             config,
             events: None,
+            audit: Arc::new(Audit::disabled()),
+            metrics: Arc::new(Metrics::default()),
+            limits: Arc::new(RateLimits::default()),
+            principals: Principals::default(),
         }
+    }
+
+    /// Records every decision on `audit` (fail closed when it cannot).
+    #[must_use]
+    pub fn with_audit(mut self, audit: Arc<Audit>) -> Self {
+        self.audit = audit;
+        self
+    }
+
+    /// Counts decisions, rate limits and store errors on `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Applies per-tenant and per-tool rate limits.
+    #[must_use]
+    pub fn with_rate_limits(mut self, limits: Arc<RateLimits>) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Establishes each call's principal with `principals` (by default:
+    /// the auth context as sent).
+    #[must_use]
+    pub fn with_principals(mut self, principals: Principals) -> Self {
+        self.principals = principals;
+        self
     }
 
     /// Announces created and consumed approvals on `events`.
@@ -215,14 +343,50 @@ impl ToolCallAuthorizer {
         &self,
         input: &AuthorizeInput,
     ) -> Result<AuthorizeOutcome, ExecutorError> {
+        let started = Instant::now();
+        let mut outcome = self.evaluate(input).await?;
+        let event = AuditEvent::decision(input, &outcome, started.elapsed());
+        if self.audit.record(event).await.is_err() {
+            // Fail closed: no decision leaves unaudited. Nothing ran, and a
+            // consumed approval stays usable by this same key.
+            outcome = outcome.deny(Envelope::new(
+                ErrorCode::InternalError,
+                "the decision could not be recorded; retry with the same key",
+            ));
+        }
+        let tool = if self.engine.load().tools().get(&input.tool).is_some() {
+            input.tool.as_str()
+        } else {
+            UNKNOWN_TOOL
+        };
+        self.metrics.decision(
+            tool,
+            outcome.decision.as_str(),
+            outcome.error.as_ref().map_or("", |e| e.code.as_str()),
+            started.elapsed(),
+        );
+        Ok(outcome)
+    }
+
+    /// The principal of a call (see [`Principals`]).
+    fn principal(&self, input: &AuthorizeInput) -> Result<Result<Caller, Envelope>, ExecutorError> {
+        self.principals.resolve(
+            input.caller.as_ref(),
+            &input.identity_token,
+            self.clock.now_ms(),
+        )
+    }
+
+    /// The pipeline itself.
+    async fn evaluate(&self, input: &AuthorizeInput) -> Result<AuthorizeOutcome, ExecutorError> {
         // The whole decision runs on one policy set, even across a reload.
         let engine = self.engine.load_full();
-        let caller = require_caller(input.caller.as_ref())?;
+        let principal = self.principal(input)?;
         if input.tool.is_empty() {
             return Err(ExecutorError::new("tool", "must not be empty"));
         }
         let entities = parse_entities(&input.entities_json)?;
-        let mut out = AuthorizeOutcome {
+        let out = AuthorizeOutcome {
             decision: Decision::Deny,
             decision_id: uuid::Uuid::now_v7().to_string(),
             call_id: input.call_id.clone(),
@@ -239,7 +403,29 @@ impl ToolCallAuthorizer {
             policy_version: engine.version().to_owned(),
             tool_version: String::new(),
             policies: Vec::new(),
+            principal: None,
         };
+        let caller = match principal {
+            Ok(c) => c,
+            Err(envelope) => return Ok(out.deny(envelope)),
+        };
+        let mut out = self.decide(input, &engine, &caller, entities, out).await?;
+        out.principal = Some(caller);
+        Ok(out)
+    }
+
+    /// The checks after the principal is known, in DESIGN §2's order.
+    async fn decide(
+        &self,
+        input: &AuthorizeInput,
+        engine: &PolicyEngine,
+        caller: &Caller,
+        entities: Option<Value>,
+        mut out: AuthorizeOutcome,
+    ) -> Result<AuthorizeOutcome, ExecutorError> {
+        if let Err(limited) = self.limits.check_tenant(&caller.tenant_id) {
+            return Ok(out.deny(self.rate_limited(limited)));
+        }
 
         // Strict decoding of the model's bytes.
         let args = match decode::parse_strict(&input.arguments, &self.config.limits) {
@@ -288,6 +474,10 @@ impl ToolCallAuthorizer {
                     tool.risk.as_str()
                 ),
             ));
+        }
+
+        if let Err(limited) = self.limits.check_tool(&caller.tenant_id, &tool.name) {
+            return Ok(out.deny(self.rate_limited(limited)));
         }
 
         let violations = tool.validate_input(&args, self.config.violation_cap);
@@ -516,7 +706,23 @@ impl ToolCallAuthorizer {
         }
     }
 
+    fn rate_limited(&self, limited: Limited) -> Envelope {
+        self.metrics.rate_limited(limited.scope.as_str());
+        // Rounded up: retrying at the stated time must not be refused again.
+        let ms = limited.retry_after.as_micros().div_ceil(1000);
+        Envelope::new(
+            ErrorCode::RateLimited,
+            format!(
+                "too many calls for this {}; retry later",
+                limited.scope.as_str()
+            ),
+        )
+        .with("scope", limited.scope.as_str())
+        .with("retry_after_ms", u64::try_from(ms).unwrap_or(u64::MAX))
+    }
+
     fn store_failure(&self, e: &crate::store::StoreError) -> Envelope {
+        self.metrics.store_error();
         tracing::error!(error = %e, "store failure: denied (fail closed)");
         Envelope::new(
             ErrorCode::InternalError,

@@ -27,6 +27,7 @@ pub enum ErrorCode {
     ApprovalNotFound,
     ApprovalAlreadyDecided,
     DeadlineExhausted,
+    RateLimited,
     OperationInProgress,
     ReconcileRequired,
     TimeoutUnknown,
@@ -85,7 +86,7 @@ pub struct CodeInfo {
 
 impl ErrorCode {
     /// Every code, in table order (used by the table test and the docs).
-    pub const ALL: [Self; 24] = [
+    pub const ALL: [Self; 25] = [
         Self::InvalidJson,
         Self::InvalidArguments,
         Self::SchemaViolation,
@@ -103,6 +104,7 @@ impl ErrorCode {
         Self::ApprovalNotFound,
         Self::ApprovalAlreadyDecided,
         Self::DeadlineExhausted,
+        Self::RateLimited,
         Self::OperationInProgress,
         Self::ReconcileRequired,
         Self::TimeoutUnknown,
@@ -240,6 +242,16 @@ impl ErrorCode {
                 false,
                 false,
             ),
+            // Nothing was started: the same operation may be retried, after
+            // `details.retry_after_ms`. The model may see it, to back off.
+            Self::RateLimited => (
+                "rate_limited",
+                "rate_limit",
+                true,
+                R::RetrySameKey,
+                true,
+                true,
+            ),
             Self::OperationInProgress => (
                 "operation_in_progress",
                 "execution",
@@ -304,6 +316,12 @@ impl ErrorCode {
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         self.info().code
+    }
+
+    /// The code whose wire string is `s`, if it is one of ours.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
     }
 }
 
@@ -467,6 +485,7 @@ mod tests {
                 ),
                 ("approval_already_decided", "approval", false, "stop"),
                 ("deadline_exhausted", "deadline", true, "retry_same_key"),
+                ("rate_limited", "rate_limit", true, "retry_same_key"),
                 ("operation_in_progress", "execution", true, "poll"),
                 ("reconcile_required", "execution", false, "reconcile"),
                 ("timeout_unknown", "execution", false, "reconcile"),

@@ -6,25 +6,34 @@
 //! and retry budget, strictly decodes results, and has the store run the
 //! ledger's transitions, one transaction each. The state machine itself is
 //! [`crate::ledger`]; this module holds no rule of it, and knows nothing of
-//! gRPC. Records are found by the caller's tenant only.
+//! gRPC. Records are found by the principal's tenant only; the principal is
+//! established as for decisions ([`Principals`]: from the verified identity
+//! token when the deployment requires one).
+//!
+//! Every begin, completion and reconciliation is one audit event and one
+//! count of `toolgate_ledger_transitions_total` (see [`crate::audit`] for
+//! what an event may carry: never a result or an error's message).
 //!
 //! Fail closed: a store failure is an `internal_error` answer (retryable
 //! with the same key, since nothing was written), never an ACQUIRED.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use serde_json::Value;
 
-use crate::authorizer::{AuthorizeOutcome, Decision, ExecutorError, require_caller, unknown_tool};
+use crate::audit::{Audit, AuditEvent, LedgerAudit};
+use crate::authorizer::{AuthorizeOutcome, Decision, ExecutorError, Principals, unknown_tool};
 use crate::clock::Clock;
 use crate::decode::{self, Limits};
 use crate::envelope::{Envelope, ErrorCode};
 use crate::identity::Caller;
 use crate::ledger::{
-    Begin, BeginAnswer, Collect, Complete, Completion, ExecutionId, ExecutionRecord, LedgerConfig,
-    OutputSchemas, Reconcile, RecordedError, Settled, Verdict,
+    Begin, BeginAnswer, Collect, Complete, Completion, ExecutionId, ExecutionRecord,
+    ExecutionState, LedgerConfig, OutputSchemas, Reconcile, RecordedError, Settled, Verdict,
 };
+use crate::metrics::{Metrics, UNKNOWN_TOOL};
 use crate::policy::PolicyEngine;
 use crate::store::{Store, StoreError};
 use crate::tools::Violation;
@@ -42,20 +51,46 @@ pub const MAX_ERROR_BYTES: usize = 16 * 1024;
 const MAX_BATCHES_PER_SWEEP: usize = 100;
 
 /// Why a desk call could not be answered.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LedgerError {
     /// The executor's request is malformed.
     #[error(transparent)]
     Executor(#[from] ExecutorError),
+    /// The principal could not be established (`unauthorized`).
+    #[error("{}", .0.message)]
+    Unauthorized(Envelope),
     /// The store failed; nothing was changed.
     #[error("the execution ledger is unavailable")]
     Unavailable,
 }
 
+/// Who sent a ledger request.
+#[derive(Clone, Default)]
+pub struct ExecutorAuth {
+    /// The auth context as the executor sent it.
+    pub caller: Option<Caller>,
+    /// `auth.identity_token`: the principal when the deployment requires
+    /// one. Never logged.
+    pub identity_token: String,
+    /// The transport identity of the connection, for the audit log.
+    pub peer: String,
+}
+
+impl std::fmt::Debug for ExecutorAuth {
+    /// Never shows the token.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecutorAuth")
+            .field("caller", &self.caller)
+            .field("identity_token", &"[REDACTED]")
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
 /// A `BeginExecution`, as the executor sent it.
 #[derive(Debug, Clone, Default)]
 pub struct BeginRequest {
-    pub caller: Option<Caller>,
+    pub auth: ExecutorAuth,
     pub idempotency_key: String,
     pub arguments_sha256: String,
     pub tool: String,
@@ -72,10 +107,23 @@ pub enum CompletionStatus {
     Unknown,
 }
 
+impl CompletionStatus {
+    /// Lowercase name, for the audit log.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::FailedRetryable => "failed_retryable",
+            Self::FailedFinal => "failed_final",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
 /// A `CompleteExecution`, as the executor sent it.
 #[derive(Debug, Clone, Default)]
 pub struct CompleteRequest {
-    pub caller: Option<Caller>,
+    pub auth: ExecutorAuth,
     pub idempotency_key: String,
     pub fencing_token: u64,
     /// `None`: the executor sent none.
@@ -89,7 +137,7 @@ pub struct CompleteRequest {
 /// A `ReconcileExecution`, as sent.
 #[derive(Debug, Clone, Default)]
 pub struct ReconcileRequest {
-    pub caller: Option<Caller>,
+    pub auth: ExecutorAuth,
     pub idempotency_key: String,
     pub applied: bool,
     /// Required when applied, refused otherwise.
@@ -105,6 +153,41 @@ pub struct LedgerDesk {
     config: LedgerConfig,
     limits: Limits,
     violation_cap: usize,
+    principals: Principals,
+    audit: Arc<Audit>,
+    metrics: Arc<Metrics>,
+}
+
+/// Who made one ledger call, and when it arrived: what its audit event and
+/// metrics need besides the answer.
+struct Seen<'a> {
+    operation: &'static str,
+    /// The transport identity.
+    peer: &'a str,
+    principal: Option<&'a Caller>,
+    decision_id: &'a str,
+    idempotency_key: &'a str,
+    started: Instant,
+}
+
+impl<'a> Seen<'a> {
+    /// A call on the `LedgerService` (no decision began it).
+    fn request(
+        operation: &'static str,
+        auth: &'a ExecutorAuth,
+        principal: Option<&'a Caller>,
+        idempotency_key: &'a str,
+        started: Instant,
+    ) -> Self {
+        Self {
+            operation,
+            peer: &auth.peer,
+            principal,
+            decision_id: "",
+            idempotency_key,
+            started,
+        }
+    }
 }
 
 impl LedgerDesk {
@@ -127,7 +210,27 @@ impl LedgerDesk {
             config,
             limits,
             violation_cap,
+            principals: Principals::default(),
+            audit: Arc::new(Audit::disabled()),
+            metrics: Arc::new(Metrics::default()),
         }
+    }
+
+    /// Establishes each call's principal with `principals`, as the
+    /// authorizer does (by default: the auth context as sent).
+    #[must_use]
+    pub fn with_principals(mut self, principals: Principals) -> Self {
+        self.principals = principals;
+        self
+    }
+
+    /// Records every begin, completion and reconciliation on `audit`, and
+    /// counts them and store errors on `metrics`.
+    #[must_use]
+    pub fn with_observers(mut self, audit: Arc<Audit>, metrics: Arc<Metrics>) -> Self {
+        self.audit = audit;
+        self.metrics = metrics;
+        self
     }
 
     /// The ledger's settings.
@@ -136,19 +239,29 @@ impl LedgerDesk {
         &self.config
     }
 
+    fn principal(&self, auth: &ExecutorAuth) -> Result<Result<Caller, Envelope>, ExecutorError> {
+        self.principals.resolve(
+            auth.caller.as_ref(),
+            &auth.identity_token,
+            self.clock.now_ms(),
+        )
+    }
+
     /// `BeginExecution`.
     ///
     /// # Errors
     /// [`ExecutorError`] for a malformed request (auth, key, hash, tool).
     pub async fn begin(&self, req: BeginRequest) -> Result<BeginAnswer, ExecutorError> {
+        let started = Instant::now();
         let BeginRequest {
-            caller,
+            auth,
             idempotency_key,
             arguments_sha256,
             tool,
             lease_ms,
         } = req;
-        let id = execution_id(caller.as_ref(), idempotency_key)?;
+        let principal = self.principal(&auth)?;
+        check_key(&idempotency_key)?;
         let is_sha = arguments_sha256.len() == 64
             && arguments_sha256
                 .bytes()
@@ -162,31 +275,62 @@ impl LedgerDesk {
         if tool.is_empty() {
             return Err(ExecutorError::new("tool", "must not be empty"));
         }
-        Ok(self
-            .begin_checked(id, &tool, arguments_sha256, lease_ms)
-            .await)
+        let answer = match &principal {
+            Ok(p) => {
+                let id = ExecutionId {
+                    tenant_id: p.tenant_id.clone(),
+                    idempotency_key: idempotency_key.clone(),
+                };
+                self.begin_checked(id, &tool, arguments_sha256.clone(), lease_ms)
+                    .await
+            }
+            Err(refusal) => BeginAnswer::refused(refusal),
+        };
+        let seen = Seen::request(
+            "begin",
+            &auth,
+            principal.as_ref().ok(),
+            &idempotency_key,
+            started,
+        );
+        self.observe_begin(&seen, &tool, &arguments_sha256, &answer)
+            .await;
+        Ok(answer)
     }
 
     /// `Authorize` with `begin_execution`: begins the allowed call under the
-    /// decision's own key and hash; `None` when the decision is not ALLOW.
+    /// decision's own principal, key and hash; `None` when the decision is
+    /// not ALLOW.
     pub async fn begin_allowed(
         &self,
-        caller: Option<&Caller>,
-        tool: &str,
         outcome: &AuthorizeOutcome,
+        tool: &str,
         lease_ms: u32,
+        peer: &str,
     ) -> Option<BeginAnswer> {
+        let started = Instant::now();
         if outcome.decision != Decision::Allow {
             return None;
         }
+        let principal = outcome.principal.as_ref()?;
         let id = ExecutionId {
-            tenant_id: caller?.tenant_id.clone(),
+            tenant_id: principal.tenant_id.clone(),
             idempotency_key: outcome.idempotency_key.clone(),
         };
-        Some(
-            self.begin_checked(id, tool, outcome.arguments_sha256.clone(), lease_ms)
-                .await,
-        )
+        let answer = self
+            .begin_checked(id, tool, outcome.arguments_sha256.clone(), lease_ms)
+            .await;
+        let seen = Seen {
+            operation: "begin",
+            peer,
+            principal: Some(principal),
+            decision_id: &outcome.decision_id,
+            idempotency_key: &outcome.idempotency_key,
+            started,
+        };
+        self.observe_begin(&seen, tool, &outcome.arguments_sha256, &answer)
+            .await;
+        Some(answer)
     }
 
     async fn begin_checked(
@@ -208,29 +352,9 @@ impl LedgerDesk {
             max_attempts: self.config.max_attempts(contract.max_attempts),
             now: self.clock.now_ms(),
         };
-        let (tenant, key, sha) = (
-            step.id.tenant_id.clone(),
-            step.id.idempotency_key.clone(),
-            step.arguments_sha256.clone(),
-        );
         match self.store.begin_execution(step).await {
-            Ok(answer) => {
-                tracing::info!(
-                    target: LEDGER_TARGET,
-                    tenant = %tenant,
-                    idempotency_key = %key,
-                    tool = %tool,
-                    arguments_sha256 = %sha,
-                    outcome = ?answer.outcome,
-                    state = answer.state.map_or("", |s| s.as_str()),
-                    attempt = answer.attempt,
-                    fencing_token = answer.fencing_token,
-                    code = code(answer.error.as_ref()),
-                    "execution begin"
-                );
-                answer
-            }
-            Err(e) => BeginAnswer::refused(&store_failure(&e)),
+            Ok(answer) => answer,
+            Err(e) => BeginAnswer::refused(&self.store_failure(&e)),
         }
     }
 
@@ -241,15 +365,17 @@ impl LedgerDesk {
     /// status, a success without a strictly valid JSON result, a result or
     /// error with a status that takes none, an oversized error.
     pub async fn complete(&self, req: CompleteRequest) -> Result<Settled, ExecutorError> {
+        let started = Instant::now();
         let CompleteRequest {
-            caller,
+            auth,
             idempotency_key,
             fencing_token,
             status,
             result_json,
             error,
         } = req;
-        let id = execution_id(caller.as_ref(), idempotency_key)?;
+        let principal = self.principal(&auth)?;
+        check_key(&idempotency_key)?;
         if fencing_token == 0 {
             return Err(ExecutorError::new(
                 "fencing_token",
@@ -281,21 +407,35 @@ impl LedgerDesk {
             CompletionStatus::FailedFinal => Completion::FailedFinal(error),
             CompletionStatus::Unknown => Completion::Unknown(error),
         };
-        let step = Complete {
-            id,
-            fencing_token,
-            completion,
-            now: self.clock.now_ms(),
-            outputs: self.outputs(),
-        };
-        let (tenant, key) = (step.id.tenant_id.clone(), step.id.idempotency_key.clone());
-        Ok(match self.store.complete_execution(step).await {
-            Ok(settled) => {
-                log_settled("execution complete", &tenant, &key, &settled, fencing_token);
-                settled
+        let settled = match &principal {
+            Ok(p) => {
+                let step = Complete {
+                    id: ExecutionId {
+                        tenant_id: p.tenant_id.clone(),
+                        idempotency_key: idempotency_key.clone(),
+                    },
+                    fencing_token,
+                    completion,
+                    now: self.clock.now_ms(),
+                    outputs: self.outputs(),
+                };
+                match self.store.complete_execution(step).await {
+                    Ok(settled) => settled,
+                    Err(e) => unsettled(&self.store_failure(&e)),
+                }
             }
-            Err(e) => unsettled(&e),
-        })
+            Err(refusal) => unsettled(refusal),
+        };
+        let seen = Seen::request(
+            "complete",
+            &auth,
+            principal.as_ref().ok(),
+            &idempotency_key,
+            started,
+        );
+        self.observe_settled(&seen, status.as_str(), fencing_token, Some(&settled))
+            .await;
+        Ok(settled)
     }
 
     /// `ReconcileExecution`; `Ok(None)` when the caller's tenant has no such record.
@@ -304,13 +444,15 @@ impl LedgerDesk {
     /// [`ExecutorError`] for a malformed request: auth, key, applied without
     /// a strictly valid JSON result, not applied with one.
     pub async fn reconcile(&self, req: ReconcileRequest) -> Result<Option<Settled>, ExecutorError> {
+        let started = Instant::now();
         let ReconcileRequest {
-            caller,
+            auth,
             idempotency_key,
             applied,
             result_json,
         } = req;
-        let id = execution_id(caller.as_ref(), idempotency_key)?;
+        let principal = self.principal(&auth)?;
+        check_key(&idempotency_key)?;
         let verdict = if applied {
             let (result_json, result) = self.result(result_json)?;
             Verdict::Applied {
@@ -321,41 +463,164 @@ impl LedgerDesk {
             no_result(&result_json, "only when applied")?;
             Verdict::NotApplied
         };
-        let step = Reconcile {
-            id,
-            verdict,
-            now: self.clock.now_ms(),
-            outputs: self.outputs(),
-        };
-        let (tenant, key) = (step.id.tenant_id.clone(), step.id.idempotency_key.clone());
-        Ok(match self.store.reconcile_execution(step).await {
-            Ok(Some(settled)) => {
-                log_settled("execution reconcile", &tenant, &key, &settled, 0);
-                Some(settled)
+        let settled = match &principal {
+            Ok(p) => {
+                let step = Reconcile {
+                    id: ExecutionId {
+                        tenant_id: p.tenant_id.clone(),
+                        idempotency_key: idempotency_key.clone(),
+                    },
+                    verdict,
+                    now: self.clock.now_ms(),
+                    outputs: self.outputs(),
+                };
+                match self.store.reconcile_execution(step).await {
+                    Ok(settled) => settled,
+                    Err(e) => Some(unsettled(&self.store_failure(&e))),
+                }
             }
-            Ok(None) => None,
-            Err(e) => Some(unsettled(&e)),
-        })
+            Err(refusal) => Some(unsettled(refusal)),
+        };
+        let seen = Seen::request(
+            "reconcile",
+            &auth,
+            principal.as_ref().ok(),
+            &idempotency_key,
+            started,
+        );
+        let reported = if applied { "applied" } else { "not_applied" };
+        self.observe_settled(&seen, reported, 0, settled.as_ref())
+            .await;
+        Ok(settled)
     }
 
     /// `GetExecution`: the caller's tenant's record of this key, if any.
     ///
     /// # Errors
     /// [`LedgerError::Executor`] for a malformed request,
-    /// [`LedgerError::Unavailable`] when the store fails.
+    /// [`LedgerError::Unauthorized`] when the principal cannot be
+    /// established, [`LedgerError::Unavailable`] when the store fails.
     pub async fn get(
         &self,
-        caller: Option<&Caller>,
+        auth: &ExecutorAuth,
         idempotency_key: &str,
     ) -> Result<Option<ExecutionRecord>, LedgerError> {
-        let id = execution_id(caller, idempotency_key.to_owned())?;
+        let principal = self.principal(auth)?.map_err(LedgerError::Unauthorized)?;
+        check_key(idempotency_key)?;
         self.store
-            .get_execution(&id.tenant_id, &id.idempotency_key)
+            .get_execution(&principal.tenant_id, idempotency_key)
             .await
             .map_err(|e| {
-                store_failure(&e);
+                self.store_failure(&e);
                 LedgerError::Unavailable
             })
+    }
+
+    /// Audits and counts a begin.
+    async fn observe_begin(
+        &self,
+        seen: &Seen<'_>,
+        tool: &str,
+        arguments_sha256: &str,
+        answer: &BeginAnswer,
+    ) {
+        let state = answer.state.map_or("", ExecutionState::as_str);
+        let code = answer.error.as_ref().map_or("", |e| e.code.as_str());
+        let audit = LedgerAudit {
+            reported: "",
+            outcome: answer.outcome.as_str(),
+            state,
+            code,
+            fencing_token: answer.fencing_token,
+            attempt: answer.attempt,
+            ..self.ledger_audit(seen, tool, arguments_sha256)
+        };
+        self.observe(seen, &audit, answer.outcome.as_str()).await;
+    }
+
+    /// Audits and counts a completion or reconciliation (`None`: no record).
+    async fn observe_settled(
+        &self,
+        seen: &Seen<'_>,
+        reported: &'static str,
+        fencing_token: u64,
+        settled: Option<&Settled>,
+    ) {
+        let record = settled.and_then(|s| s.record.as_ref());
+        let (tool, sha, attempt) = record.map_or(("", "", 0), |r| {
+            (r.tool.as_str(), r.arguments_sha256.as_str(), r.attempt)
+        });
+        let code = settled
+            .and_then(|s| s.error.as_ref())
+            .map_or("", |e| e.code.as_str());
+        // Settled answers carry toolgate's own codes only; anything else
+        // would be a bug, counted as `other` rather than minting a series.
+        let outcome = match settled {
+            None => "not_found",
+            Some(_) if code.is_empty() => "ok",
+            Some(_) => ErrorCode::parse(code).map_or("other", ErrorCode::as_str),
+        };
+        let audit = LedgerAudit {
+            reported,
+            outcome,
+            state: settled
+                .and_then(|s| s.state)
+                .map_or("", ExecutionState::as_str),
+            code,
+            fencing_token,
+            attempt,
+            ..self.ledger_audit(seen, tool, sha)
+        };
+        self.observe(seen, &audit, outcome).await;
+    }
+
+    /// The fields of a ledger event that do not depend on the answer.
+    fn ledger_audit<'a>(
+        &self,
+        seen: &'a Seen<'a>,
+        tool: &'a str,
+        arguments_sha256: &'a str,
+    ) -> LedgerAudit<'a> {
+        LedgerAudit {
+            operation: seen.operation,
+            principal: seen.principal,
+            peer: seen.peer,
+            decision_id: seen.decision_id,
+            idempotency_key: seen.idempotency_key,
+            arguments_sha256,
+            tool,
+            tool_version: "",
+            policy_version: "",
+            reported: "",
+            outcome: "",
+            state: "",
+            code: "",
+            fencing_token: 0,
+            attempt: 0,
+        }
+    }
+
+    async fn observe(&self, seen: &Seen<'_>, audit: &LedgerAudit<'_>, outcome: &'static str) {
+        let engine = self.engine.load();
+        let contract = engine.tools().get(audit.tool);
+        let event = AuditEvent::ledger(
+            &LedgerAudit {
+                tool_version: contract.map_or("", |c| c.version.as_str()),
+                policy_version: engine.version(),
+                ..*audit
+            },
+            seen.started.elapsed(),
+        );
+        self.metrics.ledger(
+            seen.operation,
+            contract.map_or(UNKNOWN_TOOL, |c| c.name.as_str()),
+            outcome,
+            audit.state,
+        );
+        // The transition is already durable in the store (or nothing was
+        // written): a full audit queue is counted and logged by `record`,
+        // and the answer stands.
+        let _ = self.audit.record(event).await;
     }
 
     /// Deletes the records past retention, in batches of the configured
@@ -398,6 +663,15 @@ impl LedgerDesk {
         Ok((text, value))
     }
 
+    fn store_failure(&self, e: &StoreError) -> Envelope {
+        self.metrics.store_error();
+        tracing::error!(target: LEDGER_TARGET, error = %e, "ledger store failure (fail closed)");
+        Envelope::new(
+            ErrorCode::InternalError,
+            "the execution ledger could not be reached; nothing was changed, retry with the same key",
+        )
+    }
+
     fn outputs(&self) -> Arc<dyn OutputSchemas> {
         Arc::new(ContractOutputs {
             engine: self.engine.load_full(),
@@ -422,12 +696,8 @@ impl OutputSchemas for ContractOutputs {
     }
 }
 
-/// The record an executor's request names: its caller's tenant and the key.
-fn execution_id(
-    caller: Option<&Caller>,
-    idempotency_key: String,
-) -> Result<ExecutionId, ExecutorError> {
-    let caller = require_caller(caller)?;
+/// An idempotency key an executor may name.
+fn check_key(idempotency_key: &str) -> Result<(), ExecutorError> {
     if idempotency_key.is_empty() {
         return Err(ExecutorError::new("idempotency_key", "must not be empty"));
     }
@@ -437,10 +707,7 @@ fn execution_id(
             format!("at most {MAX_KEY_BYTES} bytes"),
         ));
     }
-    Ok(ExecutionId {
-        tenant_id: caller.tenant_id.clone(),
-        idempotency_key,
-    })
+    Ok(())
 }
 
 fn no_result(result_json: &str, when: &str) -> Result<(), ExecutorError> {
@@ -488,34 +755,12 @@ fn check_error(
     Ok(Some(e))
 }
 
-fn code(e: Option<&RecordedError>) -> &str {
-    e.map_or("", |e| e.code.as_str())
-}
-
-fn log_settled(what: &'static str, tenant: &str, key: &str, s: &Settled, token: u64) {
-    tracing::info!(
-        target: LEDGER_TARGET,
-        tenant = %tenant,
-        idempotency_key = %key,
-        state = s.state.map_or("", |s| s.as_str()),
-        fencing_token = token,
-        code = code(s.error.as_ref()),
-        "{what}"
-    );
-}
-
-/// The answer to a completion or reconciliation the store could not run.
-fn unsettled(e: &StoreError) -> Settled {
+/// The answer to a completion or reconciliation that changed nothing
+/// because of `e` (the store failed, or the principal was refused).
+fn unsettled(e: &Envelope) -> Settled {
     Settled {
         state: None,
-        error: Some((&store_failure(e)).into()),
+        error: Some(e.into()),
+        record: None,
     }
-}
-
-fn store_failure(e: &StoreError) -> Envelope {
-    tracing::error!(target: LEDGER_TARGET, error = %e, "ledger store failure (fail closed)");
-    Envelope::new(
-        ErrorCode::InternalError,
-        "the execution ledger could not be reached; nothing was changed, retry with the same key",
-    )
 }

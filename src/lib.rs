@@ -12,18 +12,24 @@
 //! - [`ledger`]: the execution state machine (DESIGN §5), rules only;
 //!   [`ledger_desk`] checks executors' requests and runs it on the store.
 //! - [`authorizer`]: [`authorizer::ToolCallAuthorizer`], the one home of the
-//!   order of the checks.
+//!   order of the checks, and [`authorizer::Principals`], of who a request
+//!   runs as.
 //! - [`envelope`]: the error codes and the envelope of every non-allow answer.
 //! - [`policy_cases`]: `toolgate test`, policy test cases run through the
 //!   authorizer.
 //! - [`store`]: persistence (SQLite; PostgreSQL later) behind one trait.
 //! - [`grpc`]: the wire surface (the only importer of tonic and prost).
+//! - [`access`]: which transport identity may call which service.
+//! - [`ratelimit`]: token buckets per tenant and per tool.
+//! - [`audit`], [`metrics`]: the audit log and Prometheus metrics.
 //! - [`config`], [`telemetry`], [`clock`], [`identity`]: the edges.
 //!
 //! See `ARCHITECTURE.md` for the invariants each module keeps.
 
+pub mod access;
 pub mod approval_desk;
 pub mod approvals;
+pub mod audit;
 pub mod authorizer;
 pub mod clock;
 pub mod config;
@@ -33,8 +39,10 @@ pub mod grpc;
 pub mod identity;
 pub mod ledger;
 pub mod ledger_desk;
+pub mod metrics;
 pub mod policy;
 pub mod policy_cases;
+pub mod ratelimit;
 pub mod store;
 pub mod telemetry;
 pub mod tools;

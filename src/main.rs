@@ -29,6 +29,9 @@ struct Cli {
 enum Command {
     /// Run the sidecar.
     Serve(ServeArgs),
+    /// Load and validate the configuration (file, TOOLGATE_* environment,
+    /// flags) without serving; exit non-zero on the first problem.
+    CheckConfig(ServeArgs),
     /// Load and validate the policy folder; exit non-zero with file:line diagnostics.
     Check {
         #[arg(long, env = "TOOLGATE_POLICIES", default_value = "policies")]
@@ -107,25 +110,47 @@ struct DevTokenArgs {
     ttl_seconds: i64,
 }
 
+/// Flags of `serve`. Their environment variables (`TOOLGATE_LISTEN`, …) are
+/// read by the configuration loader with every other key, so that an
+/// unknown `TOOLGATE_*` variable is refused like an unknown key.
 #[derive(clap::Args)]
 struct ServeArgs {
+    /// The configuration file (default `./toolgate.toml` if present).
     #[arg(long, env = "TOOLGATE_CONFIG")]
     config: Option<PathBuf>,
-    #[arg(long, env = "TOOLGATE_POLICIES")]
+    #[arg(long)]
     policies: Option<PathBuf>,
     /// `host:port` or `unix:/path`.
-    #[arg(long, env = "TOOLGATE_LISTEN")]
+    #[arg(long)]
     listen: Option<String>,
     /// `sqlite:///path/file.db` (default `sqlite://toolgate-data/toolgate.db`)
     /// or `postgres://user@host/db` (several replicas on one database).
-    #[arg(long, env = "TOOLGATE_STORE")]
+    #[arg(long)]
     store: Option<String>,
-    #[arg(long, env = "TOOLGATE_JWKS_FILE")]
+    #[arg(long)]
     jwks_file: Option<PathBuf>,
-    #[arg(long, env = "TOOLGATE_ISSUER")]
+    #[arg(long)]
     issuer: Option<String>,
-    #[arg(long, env = "TOOLGATE_AUDIENCE")]
+    #[arg(long)]
     audience: Option<String>,
+    /// Serve Prometheus metrics on this `host:port` (a separate listener).
+    #[arg(long)]
+    metrics_listen: Option<String>,
+}
+
+impl ServeArgs {
+    fn load(self) -> anyhow::Result<Config> {
+        let overrides = Overrides {
+            policies: self.policies,
+            listen: self.listen,
+            store: self.store,
+            jwks_file: self.jwks_file,
+            issuer: self.issuer,
+            audience: self.audience,
+            metrics_listen: self.metrics_listen,
+        };
+        Ok(Config::load(self.config.as_deref(), overrides)?)
+    }
 }
 
 #[derive(clap::Args)]
@@ -190,6 +215,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             require_coverage,
         } => policy_test(&dir.unwrap_or(policies), require_coverage),
         Command::Serve(args) => serve(args),
+        Command::CheckConfig(args) => {
+            let config = args.load()?;
+            println!(
+                "ok: listen {:?}, {} access grant(s), audit {:?}, metrics {}",
+                config.listen,
+                match &config.access {
+                    toolgate::access::AccessPolicy::Open => 0,
+                    toolgate::access::AccessPolicy::Grants(g) => g.len(),
+                },
+                config.audit.sink,
+                config
+                    .metrics_listen
+                    .map_or_else(|| "off".to_owned(), |a| a.to_string())
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Authorize(args) => authorize(args),
         Command::Dev(DevCommand::Keys { out }) => dev_keys(&out),
         Command::Dev(DevCommand::Token(args)) => dev_token(&args),
@@ -356,15 +397,7 @@ fn policy_test(dir: &std::path::Path, require_coverage: bool) -> anyhow::Result<
 
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     toolgate::telemetry::init();
-    let overrides = Overrides {
-        policies: args.policies,
-        listen: args.listen,
-        store: args.store,
-        jwks_file: args.jwks_file,
-        issuer: args.issuer,
-        audience: args.audience,
-    };
-    let config = Config::load(args.config.as_deref(), overrides)?;
+    let config = args.load()?;
     let clock: Arc<dyn toolgate::clock::Clock> = Arc::new(SystemClock);
     let policies = Arc::new(
         PolicyReloader::load(&config.policies, Arc::clone(&clock)).map_err(|errors| {
@@ -378,27 +411,26 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
-        let store = toolgate::store::open(&config.store, config.store_settings)
-            .await
-            .context("opening the store")?;
-        let ListenAddr::Tcp(addr) = &config.listen else {
-            anyhow::bail!("unix socket listeners are not supported yet");
-        };
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
-        let engine = policies.live();
-        tracing::info!(
-            listen = %listener.local_addr()?,
-            policies = %config.policies.display(),
-            policy_version = engine.load().version(),
-            tools = engine.load().tools().len(),
-            "toolgate serving"
-        );
-        let verifier: Option<Arc<dyn toolgate::approval_desk::IdentityVerifier>> = match &config
-            .jwks_file
-        {
+    runtime.block_on(serve_on(config, policies, clock))
+}
+
+async fn serve_on(
+    config: Config,
+    policies: Arc<PolicyReloader>,
+    clock: Arc<dyn toolgate::clock::Clock>,
+) -> anyhow::Result<ExitCode> {
+    use toolgate::grpc::{Listener, ServeOptions, TlsPem};
+
+    let store = toolgate::store::open(&config.store, config.store_settings)
+        .await
+        .context("opening the store")?;
+
+    let metrics = Arc::new(toolgate::metrics::Metrics::default());
+    // Before anything is served: a scrape never misses the policy series.
+    metrics.watch_policies(Arc::clone(&policies));
+    let audit = Arc::new(toolgate::audit::Audit::start(&config.audit, Arc::clone(&metrics)).await?);
+    let verifier: Option<Arc<dyn toolgate::approval_desk::IdentityVerifier>> =
+        match &config.jwks_file {
             Some(path) => Some(Arc::new(
                 toolgate::identity::TokenVerifier::from_jwks_file(path, config.verifier.clone())
                     .with_context(|| format!("loading the key set {}", path.display()))?,
@@ -410,45 +442,159 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
                 None
             }
         };
-        let events = Arc::new(toolgate::approvals::ApprovalEvents::default());
-        let authorizer = Arc::new(
-            ToolCallAuthorizer::new(
-                Arc::clone(&engine),
-                Arc::clone(&store),
-                Arc::clone(&clock),
-                config.authorizer.clone(),
+    // Decisions and the ledger establish principals alike.
+    let principals =
+        toolgate::authorizer::Principals::new(verifier.clone(), config.require_identity_token);
+    let tls = match &config.tls {
+        Some(files) => {
+            let read = |p: &std::path::Path| {
+                std::fs::read(p).with_context(|| format!("reading {}", p.display()))
+            };
+            Some(TlsPem {
+                cert: read(&files.cert)?,
+                key: read(&files.key)?,
+                client_ca: files.client_ca.as_deref().map(read).transpose()?,
+            })
+        }
+        None => None,
+    };
+    let (listener, listen) = match &config.listen {
+        ListenAddr::Tcp(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
+            let shown = l.local_addr()?.to_string();
+            (Listener::Tcp(l), shown)
+        }
+        ListenAddr::Unix(path) => {
+            let l = toolgate::grpc::bind_unix(path, config.unix_socket_mode)?;
+            (
+                Listener::Unix {
+                    listener: l,
+                    path: path.clone(),
+                },
+                format!("unix:{}", path.display()),
             )
-            .with_events(Arc::clone(&events)),
+        }
+    };
+    if config.access == toolgate::access::AccessPolicy::Open {
+        tracing::warn!(
+            "no [[access]] grants: every caller on this loopback listener may call every service, \
+             including DecideApproval; configure grants before production"
         );
-        let ledger = Arc::new(toolgate::ledger_desk::LedgerDesk::new(
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    // Metrics stay up until the gRPC server has drained, so the shutdown
+    // itself can be watched (`toolgate_shutting_down`, the last decisions).
+    let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+    let metrics_server = match config.metrics_listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the metrics listener {addr}"))?;
+            tracing::info!(metrics_listen = %l.local_addr()?, "metrics serving");
+            Some(tokio::spawn(toolgate::metrics::serve(
+                l,
+                Arc::clone(&metrics),
+                async {
+                    let _ = metrics_stopped.await;
+                },
+            )))
+        }
+        None => None,
+    };
+
+    let engine = policies.live();
+    let events =
+        Arc::new(toolgate::approvals::ApprovalEvents::default().with_metrics(Arc::clone(&metrics)));
+    let authorizer = Arc::new(
+        ToolCallAuthorizer::new(
+            Arc::clone(&engine),
+            Arc::clone(&store),
+            Arc::clone(&clock),
+            config.authorizer.clone(),
+        )
+        .with_events(Arc::clone(&events))
+        .with_audit(Arc::clone(&audit))
+        .with_metrics(Arc::clone(&metrics))
+        .with_rate_limits(Arc::new(toolgate::ratelimit::RateLimits::new(
+            &config.rate_limits,
+        )))
+        .with_principals(principals.clone()),
+    );
+    let ledger = Arc::new(
+        toolgate::ledger_desk::LedgerDesk::new(
             Arc::clone(&engine),
             Arc::clone(&store),
             Arc::clone(&clock),
             config.ledger.clone(),
             config.authorizer.limits,
             config.authorizer.violation_cap,
-        ));
-        let desk = Arc::new(toolgate::approval_desk::ApprovalDesk::new(
+        )
+        .with_principals(principals)
+        .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
+    );
+    let desk = Arc::new(
+        toolgate::approval_desk::ApprovalDesk::new(
             engine,
             Arc::clone(&store),
             clock,
             verifier,
             events,
-        ));
-        let services = toolgate::grpc::Services {
-            authorizer,
-            desk,
-            expiry_interval: std::time::Duration::from_secs(1),
-            ledger,
-            policies,
-            reload: config.reload,
-            store,
-            store_probe_interval: config.store_settings.health_interval,
-        };
-        toolgate::grpc::serve(listener, services, shutdown_signal()).await?;
-        tracing::info!("toolgate stopped");
-        Ok(ExitCode::SUCCESS)
-    })
+        )
+        .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
+    );
+    let (policy_version, tools) = {
+        let e = authorizer.engine();
+        (e.version().to_owned(), e.tools().len())
+    };
+    let services = toolgate::grpc::Services {
+        authorizer,
+        desk,
+        expiry_interval: std::time::Duration::from_secs(1),
+        ledger,
+        policies,
+        reload: config.reload,
+        store,
+        store_probe_interval: config.store_settings.health_interval,
+    };
+    let options = ServeOptions {
+        access: config.access.clone(),
+        tls,
+        cors_origins: config.cors_origins.clone(),
+        drain: config.drain,
+        grace: config.grace,
+        metrics,
+    };
+    tracing::info!(
+        listen = %listen,
+        tls = config.tls.is_some(),
+        policies = %config.policies.display(),
+        policy_version,
+        tools,
+        "toolgate serving"
+    );
+    toolgate::grpc::serve_with(listener, services, options, stopped()).await?;
+    // Every decision answered was queued for the audit log: write it out.
+    if !audit.flush(std::time::Duration::from_secs(10)).await {
+        tracing::error!("the audit log could not be flushed within 10 s");
+    }
+    let _ = metrics_stop.send(());
+    if let Some(m) = metrics_server {
+        let _ = m.await;
+    }
+    tracing::info!("toolgate stopped");
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn shutdown_signal() {
@@ -514,6 +660,8 @@ fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
         deadline: None,
         entities_json,
         tool_version: String::new(),
+        identity_token: String::new(),
+        peer: String::new(),
     };
     let outcome = runtime.block_on(authorizer.authorize(&input))?;
     let json = serde_json::json!({

@@ -34,6 +34,7 @@ pub struct ApprovalEvent {
 #[derive(Debug, Clone)]
 pub struct ApprovalEvents {
     tx: broadcast::Sender<Arc<ApprovalEvent>>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
     /// How many gaps were announced so far.
     gaps: Arc<watch::Sender<u64>>,
 }
@@ -45,13 +46,55 @@ impl ApprovalEvents {
         let (tx, _) = broadcast::channel(capacity.max(1));
         Self {
             tx,
+            metrics: None,
             gaps: Arc::new(watch::Sender::new(0)),
         }
     }
 
-    /// Announces an event; `consumed_by` fills in the consuming key for
+    /// Counts every event by the state the approval enters
+    /// (`toolgate_approvals_total{state}`): every transition this replica
+    /// makes is published here, so this is the one place that sees them all.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Announces an event this replica caused, and counts it;
+    /// `consumed_by` fills in the consuming key for
     /// [`ApprovalEventKind::Consumed`].
     pub fn publish(
+        &self,
+        kind: ApprovalEventKind,
+        approval: &ApprovalRecord,
+        consumed_by: Option<&str>,
+    ) {
+        self.count(kind, approval);
+        self.announce(kind, approval, consumed_by);
+    }
+
+    /// Announces an event another replica caused (and counted): watchers
+    /// here see it, metrics summed over replicas count it once.
+    pub fn relay(&self, kind: ApprovalEventKind, approval: &ApprovalRecord) {
+        self.announce(kind, approval, None);
+    }
+
+    fn count(&self, kind: ApprovalEventKind, approval: &ApprovalRecord) {
+        if let Some(m) = &self.metrics {
+            m.approval_state(match kind {
+                ApprovalEventKind::Created => "pending",
+                ApprovalEventKind::Decided => match approval.status {
+                    super::ApprovalStatus::Approved => "approved",
+                    super::ApprovalStatus::Rejected => "rejected",
+                    super::ApprovalStatus::Pending | super::ApprovalStatus::Expired => "decided",
+                },
+                ApprovalEventKind::Expired => "expired",
+                ApprovalEventKind::Consumed => "consumed",
+            });
+        }
+    }
+
+    fn announce(
         &self,
         kind: ApprovalEventKind,
         approval: &ApprovalRecord,

@@ -145,6 +145,7 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
         &self,
         request: Request<pb::DecideApprovalRequest>,
     ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
+        let peer = super::access::peer(&request);
         let pb::DecideApprovalRequest {
             identity_token,
             approval_id,
@@ -174,6 +175,7 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
                 approve,
                 &arguments_sha256,
                 &reason,
+                &peer,
             )
             .await
         {

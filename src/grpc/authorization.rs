@@ -13,7 +13,6 @@ use crate::decode;
 use crate::envelope::{Envelope, ErrorCode};
 use crate::ledger::BeginAnswer;
 use crate::ledger_desk::LedgerDesk;
-use crate::telemetry;
 
 /// Most calls one `BatchAuthorize` may carry (one model turn).
 const MAX_BATCH: usize = 128;
@@ -35,6 +34,7 @@ impl AuthorizationApi {
         req: pb::AuthorizeRequest,
         metadata: &tonic::metadata::MetadataMap,
         arrived: Instant,
+        peer: &str,
     ) -> Result<pb::AuthorizeResponse, Status> {
         let pb::AuthorizeRequest {
             tool,
@@ -49,10 +49,16 @@ impl AuthorizationApi {
             begin_execution,
             lease_ms,
         } = req;
+        let identity_token = auth
+            .as_ref()
+            .map(|a| a.identity_token.clone())
+            .unwrap_or_default();
         let input = AuthorizeInput {
             tool,
             arguments,
             caller: convert::caller(auth),
+            identity_token,
+            peer: peer.to_owned(),
             call_id,
             request_id,
             approval_id,
@@ -65,10 +71,9 @@ impl AuthorizationApi {
             .authorize(&input)
             .await
             .map_err(|e| convert::executor_status(&e))?;
-        telemetry::audit_decision(&input, &outcome, arrived.elapsed());
         let execution = if begin_execution {
             self.ledger
-                .begin_allowed(input.caller.as_ref(), &input.tool, &outcome, lease_ms)
+                .begin_allowed(&outcome, &input.tool, lease_ms, peer)
                 .await
         } else {
             None
@@ -95,6 +100,7 @@ fn response(o: AuthorizeOutcome, execution: Option<BeginAnswer>) -> pb::Authoriz
         policy_version,
         tool_version,
         policies: _,
+        principal: _,
     } = o;
     pb::AuthorizeResponse {
         decision: convert::decision(decision).into(),
@@ -131,8 +137,9 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
     ) -> Result<Response<pb::AuthorizeResponse>, Status> {
         let arrived = Instant::now();
         let metadata = request.metadata().clone();
+        let peer = super::access::peer(&request);
         let answer = self
-            .decide(request.into_inner(), &metadata, arrived)
+            .decide(request.into_inner(), &metadata, arrived, &peer)
             .await?;
         Ok(Response::new(answer))
     }
@@ -143,6 +150,7 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
     ) -> Result<Response<pb::BatchAuthorizeResponse>, Status> {
         let arrived = Instant::now();
         let metadata = request.metadata().clone();
+        let peer = super::access::peer(&request);
         let pb::BatchAuthorizeRequest { requests } = request.into_inner();
         if requests.len() > MAX_BATCH {
             return Err(convert::executor_status(
@@ -154,7 +162,7 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
         }
         let mut responses = Vec::with_capacity(requests.len());
         for req in requests {
-            responses.push(self.decide(req, &metadata, arrived).await?);
+            responses.push(self.decide(req, &metadata, arrived, &peer).await?);
         }
         let items: Vec<ScheduleItem> = responses
             .iter()

@@ -24,6 +24,20 @@ pub fn executor_status(e: &ExecutorError) -> Status {
     )
 }
 
+/// A request whose principal could not be established (`unauthorized`,
+/// where no answer carries an envelope): `UNAUTHENTICATED`, with the
+/// envelope's reason as `ErrorInfo`.
+pub fn unauthenticated(e: &Envelope) -> Status {
+    use tonic_types::{ErrorDetails, StatusExt as _};
+    let reason = e
+        .details
+        .get("reason")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("unauthorized");
+    let details = ErrorDetails::with_error_info(reason, "toolgate", []);
+    Status::with_error_details(tonic::Code::Unauthenticated, e.message.clone(), details)
+}
+
 pub fn envelope(e: &Envelope) -> pb::ErrorEnvelope {
     recorded_error(&e.into())
 }

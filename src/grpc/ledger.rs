@@ -8,7 +8,8 @@ use tonic::{Request, Response, Status};
 use super::{convert, pb};
 use crate::ledger::{BeginAnswer, BeginOutcome, ExecutionRecord, ExecutionState, RecordedError};
 use crate::ledger_desk::{
-    BeginRequest, CompleteRequest, CompletionStatus, LedgerDesk, LedgerError, ReconcileRequest,
+    BeginRequest, CompleteRequest, CompletionStatus, ExecutorAuth, LedgerDesk, LedgerError,
+    ReconcileRequest,
 };
 
 /// The execution ledger API for executors.
@@ -128,6 +129,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         &self,
         request: Request<pb::BeginExecutionRequest>,
     ) -> Result<Response<pb::BeginExecutionResponse>, Status> {
+        let peer = super::access::peer(&request);
         let pb::BeginExecutionRequest {
             auth,
             idempotency_key,
@@ -138,7 +140,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         let answer = self
             .desk
             .begin(BeginRequest {
-                caller: convert::caller(auth),
+                auth: executor_auth(auth, peer),
                 idempotency_key,
                 arguments_sha256,
                 tool,
@@ -153,6 +155,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         &self,
         request: Request<pb::CompleteExecutionRequest>,
     ) -> Result<Response<pb::CompleteExecutionResponse>, Status> {
+        let peer = super::access::peer(&request);
         let pb::CompleteExecutionRequest {
             auth,
             idempotency_key,
@@ -171,7 +174,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         let settled = self
             .desk
             .complete(CompleteRequest {
-                caller: convert::caller(auth),
+                auth: executor_auth(auth, peer),
                 idempotency_key,
                 fencing_token,
                 status,
@@ -190,6 +193,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         &self,
         request: Request<pb::ReconcileExecutionRequest>,
     ) -> Result<Response<pb::ReconcileExecutionResponse>, Status> {
+        let peer = super::access::peer(&request);
         let pb::ReconcileExecutionRequest {
             auth,
             idempotency_key,
@@ -199,7 +203,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         let settled = self
             .desk
             .reconcile(ReconcileRequest {
-                caller: convert::caller(auth),
+                auth: executor_auth(auth, peer),
                 idempotency_key,
                 applied,
                 result_json,
@@ -217,15 +221,17 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         &self,
         request: Request<pb::GetExecutionRequest>,
     ) -> Result<Response<pb::GetExecutionResponse>, Status> {
+        let peer = super::access::peer(&request);
         let pb::GetExecutionRequest {
             auth,
             idempotency_key,
         } = request.into_inner();
-        let caller = convert::caller(auth);
-        let record = match self.desk.get(caller.as_ref(), &idempotency_key).await {
+        let auth = executor_auth(auth, peer);
+        let record = match self.desk.get(&auth, &idempotency_key).await {
             Ok(Some(r)) => r,
             Ok(None) => return Err(not_found()),
             Err(LedgerError::Executor(e)) => return Err(convert::executor_status(&e)),
+            Err(LedgerError::Unauthorized(e)) => return Err(convert::unauthenticated(&e)),
             Err(LedgerError::Unavailable) => {
                 return Err(Status::unavailable(
                     "the execution ledger is unavailable; retry",
@@ -235,6 +241,20 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         Ok(Response::new(pb::GetExecutionResponse {
             execution: Some(execution(record)),
         }))
+    }
+}
+
+/// Who sent a ledger request: its auth context and identity token, and the
+/// transport identity the access layer saw.
+fn executor_auth(auth: Option<pb::AuthContext>, peer: String) -> ExecutorAuth {
+    let identity_token = auth
+        .as_ref()
+        .map(|a| a.identity_token.clone())
+        .unwrap_or_default();
+    ExecutorAuth {
+        caller: convert::caller(auth),
+        identity_token,
+        peer,
     }
 }
 

@@ -5,22 +5,33 @@
 //! mistakes become `INVALID_ARGUMENT` with `google.rpc.BadRequest` details,
 //! everything about the model's call is a normal response with an envelope.
 
+mod access;
 mod approval;
 mod authorization;
 mod convert;
+mod health;
 mod ledger;
+mod listen;
 mod policy;
 
+pub use listen::{ListenError, bind_unix};
+
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::service::Routes;
+use tonic::transport::server::{Connected, TcpIncoming};
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
+use crate::access::AccessPolicy;
 use crate::approval_desk::ApprovalDesk;
 use crate::authorizer::ToolCallAuthorizer;
 use crate::ledger_desk::LedgerDesk;
+use crate::metrics::Metrics;
 use crate::policy::{PolicyReloader, ReloadTriggers};
 use crate::store::{Store, StoreError};
 
@@ -45,6 +56,8 @@ pub mod pb {
 pub enum ServeError {
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("invalid gRPC-Web origin `{0}`")]
+    Origin(String),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("the approval event relay: {0}")]
@@ -72,20 +85,95 @@ pub struct Services {
     pub store_probe_interval: std::time::Duration,
 }
 
-/// Serves every toolgate service, health and reflection on `listener` until
-/// `shutdown` resolves. Used by `main` and by the tests alike.
-///
-/// Health reports NOT_SERVING until the services are wired to a loaded
-/// policy set, SERVING after; then, for the whole server and each service
-/// that needs the store, NOT_SERVING while the store does not answer. The
-/// policy reloader, and the relay of other replicas' approval events, run
-/// for as long as the server does.
+/// A bound listener.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(TcpListener),
+    /// A Unix domain socket; the file is removed when the server stops.
+    Unix {
+        listener: UnixListener,
+        path: PathBuf,
+    },
+}
+
+impl From<TcpListener> for Listener {
+    fn from(l: TcpListener) -> Self {
+        Self::Tcp(l)
+    }
+}
+
+/// PEM text of the server's TLS identity and, for client certificates, the
+/// CA that issues them.
+#[derive(Debug, Clone)]
+pub struct TlsPem {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+    /// When set, every client must present a certificate this CA issued.
+    pub client_ca: Option<Vec<u8>>,
+}
+
+/// How the server runs, beyond what it serves.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Which caller may call which service.
+    pub access: AccessPolicy,
+    pub tls: Option<TlsPem>,
+    /// Browser origins allowed to call over gRPC-Web (CORS).
+    pub cors_origins: Vec<String>,
+    /// After the shutdown signal, how long health says NOT_SERVING while
+    /// calls are still accepted, so load balancers move away first.
+    pub drain: Duration,
+    /// Then, how long in-flight calls get to finish before the server stops
+    /// regardless.
+    pub grace: Duration,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            access: AccessPolicy::Open,
+            tls: None,
+            cors_origins: Vec::new(),
+            drain: Duration::ZERO,
+            grace: Duration::from_secs(10),
+            metrics: Arc::new(Metrics::default()),
+        }
+    }
+}
+
+/// Serves with the default options (open access, no TLS): the tests'
+/// loopback server.
 ///
 /// # Errors
 /// [`ServeError`] when the transport fails.
 pub async fn serve(
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     services: Services,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    serve_with(listener, services, ServeOptions::default(), shutdown).await
+}
+
+/// Serves every toolgate service, health and reflection on `listener` until
+/// `shutdown` resolves, then shuts down gracefully. Used by `main` and by
+/// the tests alike.
+///
+/// Health reports NOT_SERVING until the services are wired to a loaded
+/// policy set, SERVING after; then, for the whole server and each service
+/// that needs the store, NOT_SERVING while the store does not answer; and
+/// NOT_SERVING again, for good, the moment `shutdown` resolves. Then, after
+/// `drain`, no new connection or call is accepted; calls in flight finish,
+/// for at most `grace`. gRPC-Web (HTTP/1.1) is served on the same listener.
+/// The policy reloader, and the relay of other replicas' approval events,
+/// run for as long as the server does.
+///
+/// # Errors
+/// [`ServeError`] when the transport fails.
+pub async fn serve_with(
+    listener: impl Into<Listener>,
+    services: Services,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     use pb::approval_service_server::ApprovalServiceServer;
@@ -93,10 +181,15 @@ pub async fn serve(
     use pb::ledger_service_server::LedgerServiceServer;
     use pb::policy_service_server::PolicyServiceServer;
 
-    let (reporter, health) = tonic_health::server::health_reporter();
+    let reporter = tonic_health::server::HealthReporter::new();
     reporter
         .set_service_status("", tonic_health::ServingStatus::NotServing)
         .await;
+    // Health watches end once the drain is over (see `health.rs`).
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
+    let health = tonic_health::pb::health_server::HealthServer::new(health::DrainingHealth::new(
+        &reporter, closing,
+    ));
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -123,10 +216,6 @@ pub async fn serve(
     // Open watch streams would hold a graceful shutdown forever: they end
     // (with UNAVAILABLE, so clients watch again elsewhere) once it starts.
     let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
-    let shutdown = async move {
-        shutdown.await;
-        let _ = stopping_tx.send(true);
-    };
     let approvals = ApprovalServiceServer::new(approval::ApprovalApi::new(
         Arc::clone(&desk),
         stopping.clone(),
@@ -158,6 +247,8 @@ pub async fn serve(
     };
     let ledger = LedgerServiceServer::new(ledger::LedgerApi::new(ledger));
     let policy = PolicyServiceServer::new(policy::PolicyApi::new(Arc::clone(&policies)));
+    // Exported from here on (a no-op when `main` already did it).
+    options.metrics.watch_policies(Arc::clone(&policies));
     // Reloads need nobody to ask either; the watch stops with the server.
     let reloads = tokio::spawn(crate::policy::start_reloads(policies, reload));
 
@@ -182,30 +273,166 @@ pub async fn serve(
         store,
         reporter.clone(),
         store_probe_interval,
-        stopping,
+        stopping.clone(),
     ));
 
-    // TCP_NODELAY: without it a response's last frame waits for the
-    // client's delayed ACK, some 40 ms on every call.
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let result = Server::builder()
-        .add_service(health)
+    let routes = Routes::new(health)
         .add_service(reflection)
         .add_service(authorization)
         .add_service(approvals)
         .add_service(ledger)
-        .add_service(policy)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await;
+        .add_service(policy);
+
+    let drain = options.drain;
+    let probe_stop = probe.abort_handle();
+    let signal = {
+        let reporter = reporter.clone();
+        let metrics = Arc::clone(&options.metrics);
+        async move {
+            shutdown.await;
+            // The store probe stops first, so it cannot set SERVING again
+            // after the NOT_SERVING below.
+            probe.abort();
+            let _ = probe.await;
+            // Health first, at once: balancers stop sending new work.
+            reporter
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+            reporter
+                .set_not_serving::<AuthorizationServiceServer<authorization::AuthorizationApi>>()
+                .await;
+            reporter
+                .set_not_serving::<ApprovalServiceServer<approval::ApprovalApi>>()
+                .await;
+            reporter
+                .set_not_serving::<LedgerServiceServer<ledger::LedgerApi>>()
+                .await;
+            reporter
+                .set_not_serving::<PolicyServiceServer<policy::PolicyApi>>()
+                .await;
+            let _ = stopping_tx.send(true);
+            tracing::info!(
+                drain_ms = drain.as_millis(),
+                "shutting down: health is NOT_SERVING"
+            );
+            metrics.shutting_down();
+            tokio::time::sleep(drain).await;
+            let _ = closing_tx.send(true);
+        }
+    };
+    // In-flight calls get `grace` once the drain is over; then the server
+    // stops regardless (a stuck call must not hold a deploy forever).
+    let grace = options.grace;
+    let mut stopped = stopping;
+    let deadline = async move {
+        let _ = stopped.wait_for(|s| *s).await;
+        tokio::time::sleep(drain + grace).await;
+    };
+    let (listener, socket_path) = match listener.into() {
+        // TCP_NODELAY: without it a response's last frame waits for the
+        // client's delayed ACK, some 40 ms on every call.
+        Listener::Tcp(l) => (
+            Incoming::Tcp(TcpIncoming::from(l).with_nodelay(Some(true))),
+            None,
+        ),
+        Listener::Unix { listener, path } => (
+            Incoming::Unix(UnixListenerStream::new(listener)),
+            Some(path),
+        ),
+    };
+    let server = async {
+        match listener {
+            Incoming::Tcp(s) => run(s, routes, &options, signal).await,
+            Incoming::Unix(s) => run(s, routes, &options, signal).await,
+        }
+    };
+    let result = tokio::select! {
+        r = server => r,
+        () = deadline => {
+            tracing::warn!(grace_ms = grace.as_millis(), "in-flight calls did not finish within the grace period; stopping");
+            Ok(())
+        }
+    };
     sweeper.abort();
     collector.abort();
     reloads.abort();
-    probe.abort();
+    probe_stop.abort();
     if let Some(relay) = relay {
         relay.abort();
     }
-    result?;
+    if let Some(path) = socket_path {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+enum Incoming {
+    Tcp(TcpIncoming),
+    Unix(UnixListenerStream),
+}
+
+/// The server on one incoming stream: CORS, then gRPC-Web, then the access
+/// layer, in front of every route.
+async fn run<I, IO>(
+    incoming: I,
+    routes: Routes,
+    options: &ServeOptions,
+    signal: impl Future<Output = ()>,
+) -> Result<(), ServeError>
+where
+    I: tokio_stream::Stream<Item = std::io::Result<IO>>,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Connected + Unpin + Send + 'static,
+{
+    let mut builder = Server::builder();
+    if let Some(tls) = &options.tls {
+        let mut config = ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert, &tls.key));
+        if let Some(ca) = &tls.client_ca {
+            config = config.client_ca_root(Certificate::from_pem(ca));
+        }
+        builder = builder.tls_config(config)?;
+    }
+    builder
+        .accept_http1(true)
+        .layer(cors(&options.cors_origins)?)
+        .layer(tonic_web::GrpcWebLayer::new())
+        .layer(access::AccessLayer::new(
+            options.access.clone(),
+            Arc::clone(&options.metrics),
+        ))
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, signal)
+        .await?;
     Ok(())
+}
+
+/// CORS for browser approval UIs calling over gRPC-Web: only the configured
+/// origins, only POST, and the gRPC-Web headers.
+fn cors(origins: &[String]) -> Result<tower_http::cors::CorsLayer, ServeError> {
+    use http::header::{HeaderName, HeaderValue};
+    let origins = origins
+        .iter()
+        .map(|o| HeaderValue::from_str(o).map_err(|_| ServeError::Origin(o.clone())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let names = |list: &[&'static str]| {
+        list.iter()
+            .map(|h| HeaderName::from_static(h))
+            .collect::<Vec<_>>()
+    };
+    Ok(tower_http::cors::CorsLayer::new()
+        .allow_origin(origins)
+        .allow_methods([http::Method::POST])
+        .allow_headers(names(&[
+            "content-type",
+            "x-grpc-web",
+            "x-user-agent",
+            "grpc-timeout",
+        ]))
+        .expose_headers(names(&[
+            "grpc-status",
+            "grpc-message",
+            "grpc-status-details-bin",
+        ]))
+        .max_age(Duration::from_secs(600)))
 }
 
 /// Health follows the store: NOT_SERVING for the whole server and for each

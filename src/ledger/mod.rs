@@ -64,7 +64,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub use transitions::{
-    Begin, BeginAnswer, BeginOutcome, Complete, Completion, Reconcile, Settled, Verdict,
+    Begin, BeginAnswer, BeginOutcome, Complete, Completion, Reconcile, RecordSummary, Settled,
+    Verdict,
 };
 
 use crate::clock::UnixMillis;

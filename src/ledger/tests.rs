@@ -262,7 +262,8 @@ fn a_valid_success_is_stored_and_a_stale_token_changes_nothing() {
         a,
         Settled {
             state: Some(ExecutionState::Succeeded),
-            error: None
+            error: None,
+            record: Some(RecordSummary::of(&r)),
         }
     );
     let stored = w.record().unwrap();
@@ -396,7 +397,8 @@ fn reconciliation_settles_unknown_both_ways() {
         a,
         Some(Settled {
             state: Some(ExecutionState::Succeeded),
-            error: None
+            error: None,
+            record: Some(RecordSummary::of(&r)),
         })
     );
     let stored = w.record().unwrap();

@@ -41,6 +41,20 @@ pub enum BeginOutcome {
     Refused,
 }
 
+impl BeginOutcome {
+    /// Lowercase name, for the audit log and metrics.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Acquired => "acquired",
+            Self::InProgress => "in_progress",
+            Self::Completed => "completed",
+            Self::ReconcileRequired => "reconcile_required",
+            Self::Refused => "refused",
+        }
+    }
+}
+
 /// The answer to a Begin.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BeginAnswer {
@@ -261,18 +275,50 @@ pub struct Settled {
     /// The record's state after the call (`None`: there is no record).
     pub state: Option<ExecutionState>,
     pub error: Option<RecordedError>,
+    /// Which operation the answer is about (`None`: there is no record).
+    pub record: Option<RecordSummary>,
 }
 
-fn lease_lost(state: Option<ExecutionState>, reason: &str) -> Settled {
+/// What may be said of a record outside the ledger (the audit log,
+/// metrics): which tool, which arguments, which attempt — never its result
+/// or error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordSummary {
+    pub tool: String,
+    pub arguments_sha256: String,
+    pub attempt: u32,
+}
+
+impl RecordSummary {
+    /// The summary of `r`.
+    #[must_use]
+    pub fn of(r: &ExecutionRecord) -> Self {
+        Self {
+            tool: r.tool.clone(),
+            arguments_sha256: r.arguments_sha256.clone(),
+            attempt: r.attempt,
+        }
+    }
+}
+
+impl Settled {
+    /// An answer about `r` carrying `error`; the record is left as it is.
+    fn refusal(r: Option<&ExecutionRecord>, e: &Envelope) -> Self {
+        Self {
+            state: r.map(|r| r.state),
+            error: Some(e.into()),
+            record: r.map(RecordSummary::of),
+        }
+    }
+}
+
+fn lease_lost(r: Option<&ExecutionRecord>, reason: &str) -> Settled {
     let e = Envelope::new(
         ErrorCode::LeaseLost,
         "this executor no longer holds the operation; nothing was changed",
     )
     .with("reason", reason);
-    Settled {
-        state,
-        error: Some((&e).into()),
-    }
+    Settled::refusal(r, &e)
 }
 
 /// The answer about a record just written or found settled: UNKNOWN carries
@@ -283,6 +329,7 @@ fn settled(r: &ExecutionRecord) -> Settled {
         error: (r.state == ExecutionState::Unknown)
             .then(|| r.error.clone())
             .flatten(),
+        record: Some(RecordSummary::of(r)),
     }
 }
 
@@ -364,7 +411,7 @@ impl Transition for Complete {
             return (lease_lost(None, "no_record"), Write::Nothing);
         };
         if r.fencing_token != self.fencing_token {
-            return (lease_lost(Some(r.state), "stale_token"), Write::Nothing);
+            return (lease_lost(Some(r), "stale_token"), Write::Nothing);
         }
         let (state, result_json, error) = self.outcome(r);
         if r.state == ExecutionState::InProgress {
@@ -384,7 +431,7 @@ impl Transition for Complete {
         if (r.state, &r.result_json, &r.error) == (state, &result_json, &error) {
             return (settled(r), Write::Nothing);
         }
-        (lease_lost(Some(r.state), "already_settled"), Write::Nothing)
+        (lease_lost(Some(r), "already_settled"), Write::Nothing)
     }
 }
 
@@ -427,11 +474,7 @@ impl Transition for Reconcile {
                     "an executor holds a live lease on this operation; it may still report",
                 )
                 .with("attempt", r.attempt);
-                let answer = Settled {
-                    state: Some(r.state),
-                    error: Some((&e).into()),
-                };
-                return (Some(answer), Write::Nothing);
+                return (Some(Settled::refusal(Some(r), &e)), Write::Nothing);
             }
             (
                 Verdict::Applied {
@@ -441,11 +484,7 @@ impl Transition for Reconcile {
                 ExecutionState::InProgress | ExecutionState::Unknown,
             ) => {
                 if let Some(e) = output_problem(self.outputs.as_ref(), &r.tool, result) {
-                    let answer = Settled {
-                        state: Some(r.state),
-                        error: Some((&e).into()),
-                    };
-                    return (Some(answer), Write::Nothing);
+                    return (Some(Settled::refusal(Some(r), &e)), Write::Nothing);
                 }
                 (ExecutionState::Succeeded, Some(result_json.clone()), None)
             }
@@ -482,6 +521,6 @@ fn acknowledged(r: &ExecutionRecord, agrees: bool) -> Settled {
     if agrees {
         settled(r)
     } else {
-        lease_lost(Some(r.state), "already_settled")
+        lease_lost(Some(r), "already_settled")
     }
 }

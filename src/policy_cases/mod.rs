@@ -264,6 +264,8 @@ async fn decide_call(engine: &Arc<ArcSwap<PolicyEngine>>, call: &CallCase) -> Ac
         deadline: None,
         entities_json: call.entities_json.clone(),
         tool_version: String::new(),
+        identity_token: String::new(),
+        peer: String::new(),
     };
     let first = authorizer.authorize(&input).await;
     if call.approved

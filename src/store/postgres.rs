@@ -319,7 +319,7 @@ impl PostgresStore {
             return;
         }
         match self.approval_by_id(approval_id).await {
-            Ok(Some(record)) => events.publish(kind, &record, None),
+            Ok(Some(record)) => events.relay(kind, &record),
             // Deleted since: nothing to show.
             Ok(None) => {}
             Err(e) => {

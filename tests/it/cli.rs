@@ -1,6 +1,6 @@
 //! The command line: `check` diagnostics with file and line, `schema`, `authorize`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use crate::support::{copy_of_examples, example_policies};
@@ -337,4 +337,38 @@ fn check_reports_validator_warnings_and_json_diagnostics() {
             "code": "cedar::parse", "message": "unexpected token `=`", "help": null
         }])
     );
+}
+
+/// `check-config` loads the shipped example; a misspelt `TOOLGATE_*`
+/// variable is refused like a misspelt key, and a bad value names its key.
+#[test]
+fn check_config_loads_the_example_and_refuses_unknown_variables() {
+    let example = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("toolgate.example.toml");
+    let run = |vars: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_toolgate"));
+        cmd.args(["check-config", "--config"]).arg(&example);
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let (code, text) = run(&[]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.starts_with("ok: listen Tcp(\"0.0.0.0:50051\"), 3 access grant(s)"),
+        "{text}"
+    );
+    let (code, text) = run(&[("TOOLGATE_METRICS_LISTN", "127.0.0.1:1")]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("invalid TOOLGATE_* environment"), "{text}");
+    assert!(text.contains("unknown field `metrics_listn`"), "{text}");
+    let (code, text) = run(&[("TOOLGATE_SHUTDOWN__GRACE_MS", "soon")]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("grace_ms"), "{text}");
 }

@@ -12,13 +12,18 @@
 )]
 
 mod approvals;
+mod audit;
 mod authorize;
 mod cli;
+mod decoding_path;
 mod ledger;
 mod ledger_crash;
+mod listeners;
+mod node;
 mod python;
 mod reload;
 mod replicas;
 mod restart;
+mod shutdown;
 mod sidecar;
 mod support;

@@ -2,7 +2,9 @@
 //! `policy_version`; a broken edit keeps the last good set, and the error is
 //! visible through `PolicyService` and identical to `toolgate check`'s; a
 //! fix goes live; thousands of decisions across repeated reloads all
-//! succeed; and `SIGHUP` reloads a real `toolgate serve` process.
+//! succeed; and `SIGHUP` reloads a real `toolgate serve` process, whose
+//! metrics endpoint counts each reload by result and shows the live
+//! `policy_version`.
 
 use std::future::Future;
 use std::path::Path;
@@ -18,7 +20,7 @@ use toolgate::grpc::pb::{self, Decision};
 use toolgate::policy::{PolicyEngine, ReloadOutcome};
 
 use crate::sidecar::Sidecar;
-use crate::support::{TestServer, copy_of_examples, request};
+use crate::support::{TestServer, copy_of_examples, request, scrape, series};
 
 /// A refund of 25.00: allowed by the examples, approval-required once the
 /// approval threshold is lowered to 10.00.
@@ -298,16 +300,20 @@ async fn sighup_reloads_a_running_toolgate_serve() {
             "sqlite://{}",
             tmp.path().join("toolgate.db").display()
         ))
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .current_dir(tmp.path());
     let mut sidecar = Sidecar::spawn(command);
     let channel = sidecar.channel().await;
-    let hangup = |pid: u32| {
-        let status = Command::new("kill")
-            .args(["-HUP", &pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
+    let metrics = sidecar.metrics_addr.expect("the metrics listener");
+    let succeeded = r#"toolgate_policy_reloads_total{result="succeeded"}"#;
+    let failed = r#"toolgate_policy_reloads_total{result="failed"}"#;
+    let live = |v: &str| format!(r#"toolgate_policy_version_info{{policy_version="{v}"}}"#);
+    let first = scrape(metrics).await;
+    assert_eq!(
+        (series(&first, succeeded), series(&first, failed)),
+        (0, 0),
+        "{first}"
+    );
 
     let before = refund(&channel).await;
     assert_eq!(before.decision(), Decision::Allow);
@@ -319,7 +325,7 @@ async fn sighup_reloads_a_running_toolgate_serve() {
         (Decision::Allow, &before.policy_version)
     );
 
-    hangup(sidecar.pid());
+    sidecar.signal("HUP");
     let after = eventually(Duration::from_secs(10), "SIGHUP reloads", || async {
         let r = refund(&channel).await;
         (r.decision() == Decision::ApprovalRequired).then_some(r)
@@ -328,10 +334,23 @@ async fn sighup_reloads_a_running_toolgate_serve() {
     assert_ne!(after.policy_version, before.policy_version);
     let s = status(&channel).await;
     assert_eq!((s.reloads_succeeded, s.reloads_failed), (1, 0));
+    assert_eq!(series(&first, &live(&before.policy_version)), 1, "{first}");
+    let reloaded = scrape(metrics).await;
+    assert_eq!(
+        (series(&reloaded, succeeded), series(&reloaded, failed)),
+        (1, 0),
+        "{reloaded}"
+    );
+    assert_eq!(
+        series(&reloaded, &live(&after.policy_version)),
+        1,
+        "{reloaded}"
+    );
+    assert!(!reloaded.contains(&before.policy_version), "{reloaded}");
 
     // A broken set on SIGHUP: refused, the process lives on, the set stays.
     std::fs::write(dir.join("docs.cedar"), "permit (").unwrap();
-    hangup(sidecar.pid());
+    sidecar.signal("HUP");
     let refused = eventually(
         Duration::from_secs(10),
         "the refusal is visible",
@@ -345,8 +364,19 @@ async fn sighup_reloads_a_running_toolgate_serve() {
     assert!(sidecar.is_running());
     let kept = refund(&channel).await;
     assert_eq!(
-        (kept.decision(), kept.policy_version),
-        (Decision::ApprovalRequired, after.policy_version)
+        (kept.decision(), &kept.policy_version),
+        (Decision::ApprovalRequired, &after.policy_version)
+    );
+    let refused = scrape(metrics).await;
+    assert_eq!(
+        (series(&refused, succeeded), series(&refused, failed)),
+        (1, 1),
+        "{refused}"
+    );
+    assert_eq!(
+        series(&refused, &live(&after.policy_version)),
+        1,
+        "{refused}"
     );
     sidecar.kill();
 }

@@ -1,13 +1,14 @@
-//! The real `toolgate serve` binary as a child process, for the tests that
-//! kill it with SIGKILL and start it again on the same SQLite file, and
-//! those that run several replicas on one PostgreSQL database.
+//! The real `toolgate serve` binary as a child process: the one helper of
+//! every test that runs it (SIGKILL and restart on the same SQLite file,
+//! several replicas on one PostgreSQL database, SIGHUP reloads, SIGTERM
+//! shutdown under load).
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::support::example_policies;
 
@@ -20,6 +21,9 @@ pub fn toolgate() -> Command {
 pub struct Sidecar {
     child: Child,
     pub addr: SocketAddr,
+    /// The metrics listener, when `--metrics-listen` (or `metrics_listen`)
+    /// asked for one.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl Sidecar {
@@ -49,8 +53,9 @@ impl Sidecar {
     }
 
     /// Spawns `command` (a `toolgate serve` listening on `127.0.0.1:0`) and
-    /// reads the bound address from its JSON log line `toolgate serving`
-    /// (bounded: 60 s, then fail).
+    /// reads the bound addresses from its JSON log lines `metrics serving`
+    /// and `toolgate serving`, which come in that order (bounded: 60 s,
+    /// then fail).
     pub fn spawn(mut command: Command) -> Self {
         let mut child = command
             .env("RUST_LOG", "info")
@@ -63,20 +68,30 @@ impl Sidecar {
         // Reads the log to its end, so the child never blocks on a full pipe.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let listen = serde_json::from_str::<serde_json::Value>(&line)
-                    .ok()
-                    .and_then(|v| v["fields"]["listen"].as_str().map(str::to_owned));
-                if let Some(listen) = listen {
-                    let _ = tx.send(listen);
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                for field in ["metrics_listen", "listen"] {
+                    if let Some(addr) = v["fields"][field].as_str() {
+                        let _ = tx.send((field, addr.to_owned()));
+                    }
                 }
             }
         });
-        let listen = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("toolgate serve logged its listen address");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut metrics_addr = None;
+        let addr = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(("listen", addr)) => break addr.parse().unwrap(),
+                Ok((_, addr)) => metrics_addr = Some(addr.parse().unwrap()),
+                Err(e) => panic!("toolgate serve logged no listen address: {e}"),
+            }
+        };
         Self {
             child,
-            addr: listen.parse().unwrap(),
+            addr,
+            metrics_addr,
         }
     }
 
@@ -99,6 +114,32 @@ impl Sidecar {
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Sends the signal `name` (`TERM`, `HUP`, …) through `kill`.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits for the process to exit on its own, polling, for at most
+    /// `within`; then kills it and fails. Blocking.
+    pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("toolgate did not exit within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGKILL: no shutdown hook, no flush, no goodbye.

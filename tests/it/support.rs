@@ -51,6 +51,18 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// What a test server runs with beyond the defaults.
+#[derive(Default)]
+pub struct Setup {
+    pub serve: toolgate::grpc::ServeOptions,
+    /// The audit log; `None` records nothing.
+    pub audit: Option<toolgate::audit::AuditConfig>,
+    pub rate_limits: toolgate::ratelimit::RateLimitConfig,
+    pub require_identity_token: bool,
+    /// A Unix socket to listen on instead of `127.0.0.1:0`.
+    pub unix_socket: Option<PathBuf>,
+}
+
 /// Which store a test server runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -114,6 +126,8 @@ pub(crate) use both_backends;
 
 pub struct TestServer {
     pub addr: SocketAddr,
+    pub metrics: Arc<toolgate::metrics::Metrics>,
+    pub audit: Arc<toolgate::audit::Audit>,
     /// The server's SQLite file, for tests that inspect or reopen it
     /// (unused on PostgreSQL).
     pub db_path: PathBuf,
@@ -205,6 +219,20 @@ impl TestServer {
         .await
     }
 
+    /// A server with listeners, grants, audit, limits or identity set up.
+    pub async fn start_setup(setup: Setup) -> Self {
+        Self::start_configured(
+            Backend::Sqlite,
+            &example_policies(),
+            AuthorizerConfig::default(),
+            Arc::new(SystemClock),
+            test_ledger_config(),
+            ReloadTriggers::NONE,
+            setup,
+        )
+        .await
+    }
+
     async fn start_full(
         backend: Backend,
         policies: &Path,
@@ -212,6 +240,27 @@ impl TestServer {
         clock: Arc<dyn toolgate::clock::Clock>,
         ledger: LedgerConfig,
         reload: ReloadTriggers,
+    ) -> Self {
+        Self::start_configured(
+            backend,
+            policies,
+            config,
+            clock,
+            ledger,
+            reload,
+            Setup::default(),
+        )
+        .await
+    }
+
+    async fn start_configured(
+        backend: Backend,
+        policies: &Path,
+        config: AuthorizerConfig,
+        clock: Arc<dyn toolgate::clock::Clock>,
+        ledger: LedgerConfig,
+        reload: ReloadTriggers,
+        setup: Setup,
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db_path = dir.path().join("toolgate.db");
@@ -230,7 +279,20 @@ impl TestServer {
         };
         let (limits, violation_cap) = (config.limits, config.violation_cap);
         let engine = reloader.live();
-        let events = Arc::new(toolgate::approvals::ApprovalEvents::default());
+        let metrics = Arc::clone(&setup.serve.metrics);
+        let audit = Arc::new(match &setup.audit {
+            Some(c) => toolgate::audit::Audit::start(c, Arc::clone(&metrics))
+                .await
+                .unwrap(),
+            None => toolgate::audit::Audit::disabled(),
+        });
+        let events = Arc::new(
+            toolgate::approvals::ApprovalEvents::default().with_metrics(Arc::clone(&metrics)),
+        );
+        let principals = toolgate::authorizer::Principals::new(
+            Some(test_verifier()),
+            setup.require_identity_token,
+        );
         let authorizer = Arc::new(
             ToolCallAuthorizer::new(
                 Arc::clone(&engine),
@@ -238,23 +300,36 @@ impl TestServer {
                 Arc::clone(&clock),
                 config,
             )
-            .with_events(Arc::clone(&events)),
+            .with_events(Arc::clone(&events))
+            .with_audit(Arc::clone(&audit))
+            .with_metrics(Arc::clone(&metrics))
+            .with_rate_limits(Arc::new(toolgate::ratelimit::RateLimits::new(
+                &setup.rate_limits,
+            )))
+            .with_principals(principals.clone()),
         );
-        let ledger = Arc::new(toolgate::ledger_desk::LedgerDesk::new(
-            Arc::clone(&engine),
-            store.clone(),
-            Arc::clone(&clock),
-            ledger,
-            limits,
-            violation_cap,
-        ));
-        let desk = Arc::new(toolgate::approval_desk::ApprovalDesk::new(
-            engine,
-            Arc::clone(&store),
-            clock,
-            Some(test_verifier()),
-            events,
-        ));
+        let ledger = Arc::new(
+            toolgate::ledger_desk::LedgerDesk::new(
+                Arc::clone(&engine),
+                store.clone(),
+                Arc::clone(&clock),
+                ledger,
+                limits,
+                violation_cap,
+            )
+            .with_principals(principals)
+            .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
+        );
+        let desk = Arc::new(
+            toolgate::approval_desk::ApprovalDesk::new(
+                engine,
+                Arc::clone(&store),
+                clock,
+                Some(test_verifier()),
+                events,
+            )
+            .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
+        );
         let services = toolgate::grpc::Services {
             authorizer,
             desk,
@@ -265,11 +340,24 @@ impl TestServer {
             store,
             store_probe_interval: Duration::from_millis(200),
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        let (listener, addr): (toolgate::grpc::Listener, SocketAddr) = match setup.unix_socket {
+            Some(path) => (
+                toolgate::grpc::Listener::Unix {
+                    listener: toolgate::grpc::bind_unix(&path, 0o600).unwrap(),
+                    path,
+                },
+                SocketAddr::from(([0, 0, 0, 0], 0)),
+            ),
+            None => {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let addr = l.local_addr().unwrap();
+                (l.into(), addr)
+            }
+        };
         let (stop, stopped) = oneshot::channel::<()>();
+        let options = setup.serve;
         let task = tokio::spawn(async move {
-            toolgate::grpc::serve(listener, services, async {
+            toolgate::grpc::serve_with(listener, services, options, async {
                 let _ = stopped.await;
             })
             .await
@@ -277,6 +365,8 @@ impl TestServer {
         });
         Self {
             addr,
+            metrics,
+            audit,
             db_path,
             _schema: schema,
             policies: reloader,
@@ -296,6 +386,22 @@ impl TestServer {
 
     pub async fn client(&self) -> AuthorizationServiceClient<Channel> {
         AuthorizationServiceClient::new(self.channel().await)
+    }
+
+    /// The server's metrics served over HTTP on `127.0.0.1:0`, as `main`
+    /// serves them.
+    pub async fn metrics_endpoint(&self) -> MetricsEndpoint {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(toolgate::metrics::serve(
+            listener,
+            Arc::clone(&self.metrics),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        MetricsEndpoint { addr, stop, task }
     }
 
     pub async fn ledger(&self) -> LedgerServiceClient<Channel> {
@@ -323,6 +429,24 @@ impl Drop for TestServer {
     }
 }
 
+/// A running metrics endpoint; [`MetricsEndpoint::stop`] ends it.
+pub struct MetricsEndpoint {
+    pub addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl MetricsEndpoint {
+    pub async fn scrape(&self) -> String {
+        scrape(self.addr).await
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
 /// The ledger's defaults, with retention collected often (every 100 ms) so
 /// that retention tests on an injected clock wait little.
 pub fn test_ledger_config() -> LedgerConfig {
@@ -333,7 +457,7 @@ pub fn test_ledger_config() -> LedgerConfig {
 }
 
 /// The verifier of the test key set (`tests/it/fixtures/keys/jwks.json`).
-fn test_verifier() -> Arc<dyn toolgate::approval_desk::IdentityVerifier> {
+pub fn test_verifier() -> Arc<dyn toolgate::approval_desk::IdentityVerifier> {
     let config = toolgate::identity::VerifierConfig {
         issuer: Some("https://idp.test".into()),
         audience: Some("toolgate".into()),
@@ -486,4 +610,29 @@ pub fn bad_request_field(status: &tonic::Status) -> String {
     let details = status.get_error_details();
     let bad = details.bad_request().expect("BadRequest details");
     bad.field_violations.first().unwrap().field.clone()
+}
+
+/// `GET /metrics` over HTTP/1.1 on a plain socket.
+pub async fn scrape(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut body))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.contains("application/openmetrics-text"), "{body}");
+    body
+}
+
+/// The value of one exact series line, 0 when absent.
+pub fn series(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .map_or(0, |v| v.trim().parse().unwrap())
 }

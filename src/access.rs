@@ -1,0 +1,360 @@
+//! Who may call which service (DESIGN §9): the transport identity of a
+//! connection, and the grants that map it to the services it may call.
+//!
+//! An agent executor that can reach `DecideApproval` can approve its own
+//! calls, so the approval UI and the executor get separate grants. The
+//! identity comes from the transport only — a client certificate's subject
+//! CN or SAN (DNS or URI, e.g. a SPIFFE id), or a Unix peer's uid — never
+//! from a request field. This module holds the rules; `grpc/` reads the
+//! identity off the connection and enforces them in one layer.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+/// A service a caller may be granted, by its config name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ServiceName {
+    /// `toolgate.v1.AuthorizationService`: decisions, for executors.
+    Authorization,
+    /// `toolgate.v1.ApprovalService`: list, read, decide, watch, for approval UIs.
+    Approvals,
+    /// `toolgate.v1.LedgerService`: the execution ledger, for executors.
+    Ledger,
+    /// `toolgate.v1.PolicyService`: the live policy set and the last
+    /// reload's error, for operators. Read-only, but it names policy files
+    /// and shows diagnostics: neither executors nor approval UIs need it.
+    Policy,
+    /// gRPC server reflection: the public wire schema.
+    Reflection,
+}
+
+impl ServiceName {
+    /// Every grantable service, in config-name order.
+    pub const ALL: [Self; 5] = [
+        Self::Authorization,
+        Self::Approvals,
+        Self::Ledger,
+        Self::Policy,
+        Self::Reflection,
+    ];
+
+    /// The name used in `[[access]] services`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Authorization => "authorization",
+            Self::Approvals => "approvals",
+            Self::Ledger => "ledger",
+            Self::Policy => "policy",
+            Self::Reflection => "reflection",
+        }
+    }
+
+    /// The service a config name stands for.
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+}
+
+/// What a request path asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// `grpc.health.v1.Health`: open to every connected caller, so probes
+    /// and load balancers need no grant. It reveals only serving status.
+    Health,
+    /// A grantable service.
+    Service(ServiceName),
+    /// Anything else: refused whenever grants are configured.
+    Unknown,
+}
+
+/// The target of a gRPC request path (`/package.Service/Method`).
+#[must_use]
+pub fn target_of_path(path: &str) -> Target {
+    let service = path
+        .strip_prefix('/')
+        .and_then(|p| p.split('/').next())
+        .unwrap_or("");
+    match service {
+        "grpc.health.v1.Health" => Target::Health,
+        "toolgate.v1.AuthorizationService" => Target::Service(ServiceName::Authorization),
+        "toolgate.v1.ApprovalService" => Target::Service(ServiceName::Approvals),
+        "toolgate.v1.LedgerService" => Target::Service(ServiceName::Ledger),
+        "toolgate.v1.PolicyService" => Target::Service(ServiceName::Policy),
+        "grpc.reflection.v1.ServerReflection" | "grpc.reflection.v1alpha.ServerReflection" => {
+            Target::Service(ServiceName::Reflection)
+        }
+        _ => Target::Unknown,
+    }
+}
+
+/// The transport identity of one connection.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PeerIdentity {
+    /// The client certificate's subject common name(s).
+    pub common_names: Vec<String>,
+    /// The client certificate's DNS and URI subject alternative names.
+    pub sans: Vec<String>,
+    /// The Unix peer's uid (Unix domain socket listeners).
+    pub uid: Option<u32>,
+}
+
+impl PeerIdentity {
+    /// The identity a DER client certificate names. The certificate was
+    /// already verified against the configured client CA by the TLS layer;
+    /// this only reads it. A certificate that cannot be parsed names nobody.
+    #[must_use]
+    pub fn from_certificate_der(der: &[u8]) -> Self {
+        let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+            return Self::default();
+        };
+        let common_names = cert
+            .subject()
+            .iter_common_name()
+            .filter_map(|cn| cn.as_str().ok())
+            .map(str::to_owned)
+            .collect();
+        let mut sans = Vec::new();
+        if let Ok(Some(ext)) = cert.subject_alternative_name() {
+            for name in &ext.value.general_names {
+                match name {
+                    x509_parser::extensions::GeneralName::DNSName(s)
+                    | x509_parser::extensions::GeneralName::URI(s) => sans.push((*s).to_owned()),
+                    _ => {}
+                }
+            }
+        }
+        Self {
+            common_names,
+            sans,
+            uid: None,
+        }
+    }
+
+    /// A Unix peer.
+    #[must_use]
+    pub fn unix(uid: Option<u32>) -> Self {
+        Self {
+            uid,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the connection proved nothing about who is calling.
+    #[must_use]
+    pub fn is_anonymous(&self) -> bool {
+        self.common_names.is_empty() && self.sans.is_empty() && self.uid.is_none()
+    }
+}
+
+impl fmt::Display for PeerIdentity {
+    /// A short label for logs and the audit log: the first SAN, else the
+    /// first CN, else the uid, else `anonymous`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(san) = self.sans.first() {
+            write!(f, "san:{san}")
+        } else if let Some(cn) = self.common_names.first() {
+            write!(f, "cn:{cn}")
+        } else if let Some(uid) = self.uid {
+            write!(f, "uid:{uid}")
+        } else {
+            f.write_str("anonymous")
+        }
+    }
+}
+
+/// Who a grant is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallerPattern {
+    /// Every caller, even one the transport says nothing about.
+    Any,
+    /// A client certificate whose subject CN is exactly this.
+    Cn(String),
+    /// A client certificate with this DNS or URI SAN, exactly.
+    San(String),
+    /// A Unix peer with this uid.
+    Uid(u32),
+}
+
+impl CallerPattern {
+    /// Parses `any`, `cn:NAME`, `san:NAME` or `uid:N`.
+    ///
+    /// # Errors
+    /// A message saying what forms are accepted.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = || format!("`{text}` is not `any`, `cn:NAME`, `san:NAME` or `uid:N`");
+        if text == "any" {
+            return Ok(Self::Any);
+        }
+        let (kind, value) = text.split_once(':').ok_or_else(bad)?;
+        if value.is_empty() {
+            return Err(bad());
+        }
+        match kind {
+            "cn" => Ok(Self::Cn(value.to_owned())),
+            "san" => Ok(Self::San(value.to_owned())),
+            "uid" => value.parse().map(Self::Uid).map_err(|_| bad()),
+            _ => Err(bad()),
+        }
+    }
+
+    fn matches(&self, peer: &PeerIdentity) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Cn(cn) => peer.common_names.iter().any(|c| c == cn),
+            Self::San(san) => peer.sans.iter().any(|s| s == san),
+            Self::Uid(uid) => peer.uid == Some(*uid),
+        }
+    }
+}
+
+/// One `[[access]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub caller: CallerPattern,
+    pub services: BTreeSet<ServiceName>,
+}
+
+/// The grants of a deployment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessPolicy {
+    /// No grants configured: every caller may call every service. Only
+    /// accepted on a loopback TCP listener without TLS (the development
+    /// default), with a warning at startup.
+    Open,
+    /// A caller may call a service if any grant matching it lists it.
+    Grants(Vec<Grant>),
+}
+
+impl AccessPolicy {
+    /// Whether `peer` may call `target`.
+    #[must_use]
+    pub fn allows(&self, peer: &PeerIdentity, target: Target) -> bool {
+        match (self, target) {
+            (_, Target::Health) | (Self::Open, _) => true,
+            (Self::Grants(_), Target::Unknown) => false,
+            (Self::Grants(grants), Target::Service(service)) => grants
+                .iter()
+                .any(|g| g.services.contains(&service) && g.caller.matches(peer)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(caller: &str, services: &[ServiceName]) -> Grant {
+        Grant {
+            caller: CallerPattern::parse(caller).unwrap(),
+            services: services.iter().copied().collect(),
+        }
+    }
+
+    #[test]
+    fn paths_map_to_services() {
+        assert_eq!(
+            target_of_path("/toolgate.v1.ApprovalService/DecideApproval"),
+            Target::Service(ServiceName::Approvals)
+        );
+        assert_eq!(
+            target_of_path("/toolgate.v1.AuthorizationService/Authorize"),
+            Target::Service(ServiceName::Authorization)
+        );
+        assert_eq!(
+            target_of_path("/toolgate.v1.LedgerService/BeginExecution"),
+            Target::Service(ServiceName::Ledger)
+        );
+        assert_eq!(
+            target_of_path("/toolgate.v1.PolicyService/GetPolicyStatus"),
+            Target::Service(ServiceName::Policy)
+        );
+        assert_eq!(
+            target_of_path("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
+            Target::Service(ServiceName::Reflection)
+        );
+        assert_eq!(
+            target_of_path("/grpc.health.v1.Health/Check"),
+            Target::Health
+        );
+        assert_eq!(target_of_path("/evil.Service/X"), Target::Unknown);
+        assert_eq!(target_of_path(""), Target::Unknown);
+    }
+
+    #[test]
+    fn grants_separate_the_executor_from_the_approval_ui() {
+        use ServiceName::{Approvals, Authorization, Ledger, Policy};
+        let policy = AccessPolicy::Grants(vec![
+            grant("san:spiffe://acme/executor", &[Authorization, Ledger]),
+            grant("cn:approval-ui", &[Approvals]),
+            grant("uid:1000", &[Authorization]),
+            grant("cn:operator", &[Policy]),
+        ]);
+        let operator = PeerIdentity {
+            common_names: vec!["operator".into()],
+            ..PeerIdentity::default()
+        };
+        let executor = PeerIdentity {
+            sans: vec!["spiffe://acme/executor".into()],
+            ..PeerIdentity::default()
+        };
+        let ui = PeerIdentity {
+            common_names: vec!["approval-ui".into()],
+            ..PeerIdentity::default()
+        };
+        let approvals = Target::Service(Approvals);
+        let authorization = Target::Service(Authorization);
+        assert!(policy.allows(&executor, authorization));
+        assert!(policy.allows(&executor, Target::Service(Ledger)));
+        assert!(!policy.allows(&executor, approvals));
+        assert!(policy.allows(&ui, approvals));
+        assert!(!policy.allows(&ui, authorization));
+        // Policy status is the operator's alone.
+        assert!(policy.allows(&operator, Target::Service(Policy)));
+        assert!(!policy.allows(&operator, authorization));
+        assert!(!policy.allows(&executor, Target::Service(Policy)));
+        assert!(!policy.allows(&ui, Target::Service(Policy)));
+        assert!(policy.allows(&PeerIdentity::unix(Some(1000)), authorization));
+        assert!(!policy.allows(&PeerIdentity::unix(Some(1001)), authorization));
+        assert!(!policy.allows(&PeerIdentity::default(), authorization));
+        // Health is open; an unknown service is closed.
+        assert!(policy.allows(&PeerIdentity::default(), Target::Health));
+        assert!(!policy.allows(&executor, Target::Unknown));
+        assert!(AccessPolicy::Open.allows(&PeerIdentity::default(), approvals));
+    }
+
+    #[test]
+    fn caller_patterns_are_strict() {
+        assert_eq!(CallerPattern::parse("any"), Ok(CallerPattern::Any));
+        assert_eq!(CallerPattern::parse("uid:0"), Ok(CallerPattern::Uid(0)));
+        for bad in ["", "cn:", "uid:x", "ip:1.2.3.4", "ANY", "spiffe://x"] {
+            assert!(CallerPattern::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_certificate_names_its_cn_and_sans() {
+        let mut params =
+            rcgen::CertificateParams::new(vec!["executor.acme.internal".to_owned()]).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "executor");
+        params.subject_alt_names.push(rcgen::SanType::URI(
+            rcgen::string::Ia5String::try_from("spiffe://acme/executor").unwrap(),
+        ));
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let peer = PeerIdentity::from_certificate_der(cert.der());
+        assert_eq!(peer.common_names, vec!["executor".to_owned()]);
+        assert_eq!(
+            peer.sans,
+            vec![
+                "executor.acme.internal".to_owned(),
+                "spiffe://acme/executor".to_owned()
+            ]
+        );
+        assert_eq!(peer.to_string(), "san:executor.acme.internal");
+        assert!(PeerIdentity::from_certificate_der(b"junk").is_anonymous());
+    }
+}

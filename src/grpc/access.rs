@@ -1,0 +1,137 @@
+//! The one place caller grants are enforced: a tower layer in front of every
+//! service. It reads the transport identity off the connection (client
+//! certificate, Unix peer credentials), maps the request path to a service,
+//! and answers `PERMISSION_DENIED` (with `ErrorInfo` reason
+//! `caller_not_granted`) to a caller outside its grant. An admitted request
+//! carries the [`PeerIdentity`] in its extensions for the audit log.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::body::Body;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::access::{AccessPolicy, PeerIdentity, Target, target_of_path};
+use crate::metrics::Metrics;
+
+/// The [`PeerIdentity`] of a connection, from what tonic recorded of it.
+fn peer_of(ext: &http::Extensions) -> PeerIdentity {
+    let cert = ext
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(TlsConnectInfo::peer_certs)
+        .or_else(|| {
+            ext.get::<TlsConnectInfo<UdsConnectInfo>>()
+                .and_then(TlsConnectInfo::peer_certs)
+        });
+    if let Some(certs) = cert {
+        // The first certificate is the client's own (the rest is its chain).
+        return certs
+            .first()
+            .map(|c| PeerIdentity::from_certificate_der(c))
+            .unwrap_or_default();
+    }
+    if let Some(uds) = ext.get::<UdsConnectInfo>() {
+        return PeerIdentity::unix(uds.peer_cred.map(|c| c.uid()));
+    }
+    PeerIdentity::default()
+}
+
+/// The layer: wraps the routes of every service.
+#[derive(Debug, Clone)]
+pub struct AccessLayer {
+    policy: Arc<AccessPolicy>,
+    metrics: Arc<Metrics>,
+}
+
+impl AccessLayer {
+    pub fn new(policy: AccessPolicy, metrics: Arc<Metrics>) -> Self {
+        Self {
+            policy: Arc::new(policy),
+            metrics,
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for AccessLayer {
+    type Service = AccessService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AccessService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service the layer makes.
+#[derive(Debug, Clone)]
+pub struct AccessService<S> {
+    inner: S,
+    layer: AccessLayer,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S> tower::Service<http::Request<Body>> for AccessService<S>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
+        let peer = peer_of(req.extensions());
+        let target = target_of_path(req.uri().path());
+        if !self.layer.policy.allows(&peer, target) {
+            let service = match target {
+                Target::Service(s) => s.as_str(),
+                Target::Health => "health",
+                Target::Unknown => "unknown",
+            };
+            self.layer.metrics.access_denied(service);
+            tracing::warn!(caller = %peer, service, "call refused: the caller has no grant for the service");
+            let details = ErrorDetails::with_error_info(
+                "caller_not_granted",
+                "toolgate",
+                [
+                    ("service".to_owned(), service.to_owned()),
+                    ("caller".to_owned(), peer.to_string()),
+                ],
+            );
+            let status = Status::with_error_details(
+                Code::PermissionDenied,
+                format!("caller `{peer}` may not call the {service} service"),
+                details,
+            );
+            return Box::pin(std::future::ready(Ok(status.into_http())));
+        }
+        req.extensions_mut().insert(peer);
+        // The clone that was made ready is the one that is called.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(inner.call(req))
+    }
+}
+
+/// The transport identity of a request, as the access layer saw it.
+pub fn peer<T>(request: &tonic::Request<T>) -> String {
+    request
+        .extensions()
+        .get::<PeerIdentity>()
+        .map(ToString::to_string)
+        .unwrap_or_default()
+}

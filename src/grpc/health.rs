@@ -1,0 +1,83 @@
+//! `grpc.health.v1.Health`: tonic-health's service, except that an open
+//! `Watch` stream ends once the drain is over. A load balancer watching
+//! health would otherwise hold a graceful shutdown until its grace ran out:
+//! the server waits for every open call, and a watch never finishes by
+//! itself. Watchers see NOT_SERVING during the drain, then `UNAVAILABLE`
+//! (watch again, elsewhere), and the stream ends.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt as _};
+use tonic::{Request, Response, Status};
+use tonic_health::pb::health_server::Health;
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+use tonic_health::server::{HealthReporter, HealthService};
+
+/// How long a watcher's full queue may delay the shutdown notice.
+const SHUTDOWN_NOTICE_WAIT: Duration = Duration::from_secs(1);
+
+/// The health service of one server.
+#[derive(Debug)]
+pub struct DrainingHealth {
+    inner: HealthService,
+    /// Becomes `true` when the drain is over and the server stops accepting.
+    closing: watch::Receiver<bool>,
+}
+
+impl DrainingHealth {
+    /// The statuses `reporter` sets, served until `closing` turns `true`.
+    pub fn new(reporter: &HealthReporter, closing: watch::Receiver<bool>) -> Self {
+        Self {
+            inner: HealthService::from_health_reporter(reporter.clone()),
+            closing,
+        }
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<HealthCheckResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Health for DrainingHealth {
+    async fn check(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
+        self.inner.check(request).await
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let mut statuses = self.inner.watch(request).await?.into_inner();
+        let mut closing = self.closing.clone();
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    // A status already set (NOT_SERVING at the start of the
+                    // drain) goes out before the end.
+                    biased;
+                    status = statuses.next() => {
+                        let Some(status) = status else { return };
+                        if tx.send(status).await.is_err() {
+                            return;
+                        }
+                    }
+                    () = tx.closed() => return,
+                    () = async { let _ = closing.wait_for(|c| *c).await; } => {
+                        let notice = Status::unavailable("the server is shutting down; watch again");
+                        let _ = tokio::time::timeout(SHUTDOWN_NOTICE_WAIT, tx.send(Err(notice))).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
