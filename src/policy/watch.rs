@@ -1,13 +1,18 @@
 //! What sets a reload off: a debounced watch of the policy folder and, on
 //! Unix, `SIGHUP`. Each trigger runs [`PolicyReloader::reload`] off the
 //! async runtime; triggers that arrive during a reload fold into one more.
+//!
+//! Only changes count: a reload reads every file of the folder, so a watch
+//! that also took reads (inotify's open and close-after-read events) for
+//! changes would set off the next reload itself, forever, and so would any
+//! operator reading a policy file.
 
 use std::future::Future;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify_debouncer_mini::notify::RecursiveMode;
-use notify_debouncer_mini::{DebounceEventResult, Debouncer, new_debouncer};
+use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
 use tokio::sync::mpsc;
 
 use super::reload::PolicyReloader;
@@ -39,9 +44,7 @@ pub fn start_reloads(
 ) -> impl Future<Output = ()> + Send + 'static {
     // Capacity one: a trigger while one is queued adds nothing.
     let (tx, mut rx) = mpsc::channel::<()>(1);
-    let watch = triggers
-        .watch
-        .and_then(|quiet| watch(&reloader, quiet, tx.clone()));
+    let watch = triggers.watch.and_then(|_| watch(&reloader, tx.clone()));
     #[cfg(unix)]
     let mut hangup = if triggers.sighup {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
@@ -54,6 +57,7 @@ pub fn start_reloads(
     } else {
         None
     };
+    let quiet = triggers.watch.unwrap_or_default();
     async move {
         let _watch = watch;
         // Keeps the channel open when nothing watches, so the loop waits
@@ -70,6 +74,15 @@ pub fn start_reloads(
             let Some(trigger) = trigger else {
                 return;
             };
+            // A change reloads once the folder has been quiet for `quiet`:
+            // an editor's save or a config system's sync is many events.
+            if trigger == "file change" {
+                while let Ok(more) = tokio::time::timeout(quiet, rx.recv()).await {
+                    if more.is_none() {
+                        return;
+                    }
+                }
+            }
             tracing::info!(trigger, dir = %reloader.dir().display(), "reloading policies");
             let r = Arc::clone(&reloader);
             if let Err(e) = tokio::task::spawn_blocking(move || r.reload()).await {
@@ -90,36 +103,37 @@ async fn next(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
 /// Watches the folder (and below, except `tests/`, which holds no part of
 /// the policy set). `None` after logging when the watch cannot start: the
 /// server runs on, reloadable by `SIGHUP`.
-fn watch(
-    reloader: &PolicyReloader,
-    quiet: Duration,
-    tx: mpsc::Sender<()>,
-) -> Option<Debouncer<notify_debouncer_mini::notify::RecommendedWatcher>> {
+fn watch(reloader: &PolicyReloader, tx: mpsc::Sender<()>) -> Option<RecommendedWatcher> {
     let dir = reloader.dir().to_path_buf();
     let tests = dir.join("tests");
-    let handler = move |events: DebounceEventResult| match events {
-        Ok(events) => {
-            if events.iter().any(|e| !e.path.starts_with(&tests)) {
-                // Full means a reload is queued already; it will see this change.
+    let handler = move |event: notify::Result<Event>| match event {
+        Ok(event) => {
+            if changes_the_set(&event, &tests) {
+                // Full means a change is queued already; it covers this one.
                 let _ = tx.try_send(());
             }
         }
         Err(e) => tracing::warn!(error = %e, "policy folder watch error"),
     };
-    let started = new_debouncer(quiet, handler).and_then(|mut debouncer| {
-        debouncer
-            .watcher()
+    let started = notify::recommended_watcher(handler).and_then(|mut watcher| {
+        watcher
             .watch(&dir, RecursiveMode::Recursive)
-            .map(|()| debouncer)
+            .map(|()| watcher)
     });
     match started {
-        Ok(debouncer) => {
-            tracing::info!(dir = %dir.display(), quiet_ms = u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX), "watching the policy folder");
-            Some(debouncer)
+        Ok(watcher) => {
+            tracing::info!(dir = %dir.display(), "watching the policy folder");
+            Some(watcher)
         }
         Err(e) => {
             tracing::error!(error = %e, dir = %dir.display(), "cannot watch the policy folder; reload with SIGHUP");
             None
         }
     }
+}
+
+/// Whether `event` may change the policy set: anything but a read, on a
+/// path outside `tests/`.
+fn changes_the_set(event: &Event, tests: &Path) -> bool {
+    !matches!(event.kind, EventKind::Access(_)) && event.paths.iter().any(|p| !p.starts_with(tests))
 }

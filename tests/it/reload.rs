@@ -380,3 +380,46 @@ async fn sighup_reloads_a_running_toolgate_serve() {
     );
     sidecar.kill();
 }
+
+/// Reading the folder is not a change: neither an operator's read nor a
+/// reload's own reads set off a reload, so one edit is exactly one reload.
+/// (A watch that counted reads reloaded forever after the first read.)
+#[tokio::test]
+async fn reads_never_reload_and_one_edit_reloads_once() {
+    let (_tmp, dir) = copy_of_examples();
+    let server = TestServer::start_reloading(&dir).await;
+    let channel = server.channel().await;
+    let counts = |s: pb::GetPolicyStatusResponse| (s.reloads_succeeded, s.reloads_failed);
+
+    // Everything is read, as `toolgate check` or a backup would.
+    for entry in walk(&dir) {
+        let _ = std::fs::read(entry).unwrap();
+    }
+    // Nothing can be seen to happen in less than many debounce periods (50 ms).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(counts(status(&channel).await), (0, 0));
+
+    set_threshold(&dir, 1000);
+    eventually(FOLLOW_WITHIN, "the edit is reloaded", || async {
+        (counts(status(&channel).await) == (1, 0)).then_some(())
+    })
+    .await;
+    // The reload read every file again; that is not another change.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(counts(status(&channel).await), (1, 0));
+    server.stop().await;
+}
+
+/// Every file below `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
