@@ -1,6 +1,7 @@
 //! The audit log (DESIGN §9): one JSON line per decision, approval decision
 //! and ledger transition, to a configured sink (stdout or an append-only
-//! file), written by one task so a slow disk never holds a request for long.
+//! file), written by one thread of its own (plain blocking writes, no async
+//! runtime round trip per batch) so a slow disk never holds a request for long.
 //!
 //! Events carry ids, hashes, the decision, its code and the determining
 //! policies (a ledger event: the operation, outcome, state, code, fencing
@@ -26,7 +27,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use tokio::io::AsyncWriteExt as _;
+use std::io::Write as _;
+
 use tokio::sync::{mpsc, oneshot};
 
 use crate::authorizer::{AuthorizeInput, AuthorizeOutcome};
@@ -120,25 +122,25 @@ impl Audit {
         }
     }
 
-    /// Opens the sink and starts the writer task (on the current runtime).
+    /// Opens the sink and starts the writer thread.
     ///
     /// # Errors
     /// [`AuditError`] when the file cannot be opened for appending.
-    pub async fn start(config: &AuditConfig, metrics: Arc<Metrics>) -> Result<Self, AuditError> {
-        let out: Box<dyn tokio::io::AsyncWrite + Send + Unpin> = match &config.sink {
+    pub fn start(config: &AuditConfig, metrics: Arc<Metrics>) -> Result<Self, AuditError> {
+        let out: Box<dyn std::io::Write + Send> = match &config.sink {
             AuditSink::Discard => {
                 return Ok(Self {
                     metrics,
                     ..Self::disabled()
                 });
             }
-            AuditSink::Stdout => Box::new(tokio::io::stdout()),
+            AuditSink::Stdout => Box::new(std::io::stdout()),
             AuditSink::File(path) => {
-                let mut options = tokio::fs::OpenOptions::new();
+                let mut options = std::fs::OpenOptions::new();
                 options.append(true).create(true);
                 #[cfg(unix)]
-                options.mode(0o600);
-                let file = options.open(path).await.map_err(|source| AuditError {
+                std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+                let file = options.open(path).map_err(|source| AuditError {
                     path: path.clone(),
                     source,
                 })?;
@@ -146,7 +148,14 @@ impl Audit {
             }
         };
         let (tx, rx) = mpsc::channel(config.queue.max(1));
-        tokio::spawn(write_lines(rx, out, Arc::clone(&metrics)));
+        let writer_metrics = Arc::clone(&metrics);
+        std::thread::Builder::new()
+            .name("toolgate-audit".into())
+            .spawn(move || write_lines(rx, out, &writer_metrics))
+            .map_err(|source| AuditError {
+                path: PathBuf::from("<audit writer thread>"),
+                source,
+            })?;
         Ok(Self {
             tx: Some(tx),
             when_full: config.when_full,
@@ -198,21 +207,21 @@ impl Audit {
 }
 
 /// The writer task: drains what is queued, writes it, flushes, repeats.
-async fn write_lines(
+fn write_lines(
     mut rx: mpsc::Receiver<Msg>,
-    mut out: Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
-    metrics: Arc<Metrics>,
+    mut out: Box<dyn std::io::Write + Send>,
+    metrics: &Metrics,
 ) {
     const BATCH: usize = 256;
-    let mut batch = Vec::with_capacity(BATCH);
-    loop {
-        if rx.recv_many(&mut batch, BATCH).await == 0 {
-            return;
-        }
-        let mut buf = Vec::new();
+    let mut buf = Vec::with_capacity(64 * 1024);
+    // Ends when every sender is gone (the server stopped).
+    while let Some(first) = rx.blocking_recv() {
         let mut lines = 0u64;
         let mut acks = Vec::new();
-        for msg in batch.drain(..) {
+        let mut next = Some(first);
+        let mut taken = 0;
+        // Whatever else is queued already goes out in the same write.
+        while let Some(msg) = next.take() {
             match msg {
                 Msg::Line(line) => {
                     buf.extend_from_slice(line.as_bytes());
@@ -221,12 +230,13 @@ async fn write_lines(
                 }
                 Msg::Flush(ack) => acks.push(ack),
             }
+            taken += 1;
+            if taken < BATCH {
+                next = rx.try_recv().ok();
+            }
         }
-        let written = async {
-            out.write_all(&buf).await?;
-            out.flush().await
-        }
-        .await;
+        let written = out.write_all(&buf).and_then(|()| out.flush());
+        buf.clear();
         match written {
             Ok(()) => metrics.audit_written(lines),
             Err(e) => {
@@ -480,7 +490,7 @@ mod tests {
             sink: AuditSink::File(path.clone()),
             ..AuditConfig::default()
         };
-        let audit = Audit::start(&config, Arc::clone(&metrics)).await.unwrap();
+        let audit = Audit::start(&config, Arc::clone(&metrics)).unwrap();
         for i in 0..50 {
             audit
                 .record(AuditEvent::fields("test", &[("n", Value::from(i))]))

@@ -428,7 +428,10 @@ async fn serve_on(
     let metrics = Arc::new(toolgate::metrics::Metrics::default());
     // Before anything is served: a scrape never misses the policy series.
     metrics.watch_policies(Arc::clone(&policies));
-    let audit = Arc::new(toolgate::audit::Audit::start(&config.audit, Arc::clone(&metrics)).await?);
+    let audit = Arc::new(toolgate::audit::Audit::start(
+        &config.audit,
+        Arc::clone(&metrics),
+    )?);
     let verifier: Option<Arc<dyn toolgate::approval_desk::IdentityVerifier>> =
         match &config.jwks_file {
             Some(path) => Some(Arc::new(

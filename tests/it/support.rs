@@ -281,9 +281,7 @@ impl TestServer {
         let engine = reloader.live();
         let metrics = Arc::clone(&setup.serve.metrics);
         let audit = Arc::new(match &setup.audit {
-            Some(c) => toolgate::audit::Audit::start(c, Arc::clone(&metrics))
-                .await
-                .unwrap(),
+            Some(c) => toolgate::audit::Audit::start(c, Arc::clone(&metrics)).unwrap(),
             None => toolgate::audit::Audit::disabled(),
         });
         let events = Arc::new(
