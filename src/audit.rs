@@ -212,7 +212,12 @@ fn write_lines(
     mut out: Box<dyn std::io::Write + Send>,
     metrics: &Metrics,
 ) {
-    const BATCH: usize = 256;
+    const BATCH: usize = 4096;
+    // After a write the thread rests this long, so events gather into one
+    // write instead of each waking it (a futex wake and a context switch
+    // per event, on the cores the requests need). A flush request waits at
+    // most this much longer.
+    const GATHER: Duration = Duration::from_millis(2);
     let mut buf = Vec::with_capacity(64 * 1024);
     // Ends when every sender is gone (the server stopped).
     while let Some(first) = rx.blocking_recv() {
@@ -247,6 +252,7 @@ fn write_lines(
         for ack in acks {
             let _ = ack.send(());
         }
+        std::thread::sleep(GATHER);
     }
 }
 
