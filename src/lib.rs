@@ -49,3 +49,13 @@ pub mod tools;
 
 #[cfg(test)]
 mod conformance;
+
+// The allocator of every binary that links toolgate: the sidecar, its tests
+// and benches (so in-process figures are the sidecar's). Under load glibc's
+// malloc spent its time in consolidation and chunk unlinking of a large,
+// fragmented heap (10,000 policies); see docs/performance.md. Transparent
+// huge pages stay off (`no_thp`): with them mimalloc's arenas held ~10 MB
+// more resident memory for nothing.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

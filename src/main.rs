@@ -408,7 +408,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             )
         })?,
     );
+    // The blocking pool runs the SQLite store's calls (one connection behind
+    // a mutex) and policy reloads: threads beyond a few would only wait on
+    // that mutex, each holding a stack and allocator pages (tokio's default
+    // allows 512).
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .max_blocking_threads(8)
         .enable_all()
         .build()?;
     runtime.block_on(serve_on(config, policies, clock))
