@@ -452,9 +452,18 @@ async fn connect(addr: SocketAddr, n: usize) -> Result<Vec<Channel>, BoxError> {
     Ok(out)
 }
 
-/// `concurrency` workers send `Authorize` back to back for `seconds`, over
-/// at most 8 connections; every answer must be ALLOW.
-async fn load(channels: &[Channel], concurrency: usize, seconds: f64) -> Result<Summary, BoxError> {
+/// Runs `concurrency` workers over `channels` (worker `i` on connection
+/// `i mod channels`) until `seconds` pass; each worker returns its samples.
+async fn fan_out<W, F>(
+    channels: &[Channel],
+    concurrency: usize,
+    seconds: f64,
+    worker: W,
+) -> Result<Summary, BoxError>
+where
+    W: Fn(usize, Channel, Instant) -> F,
+    F: Future<Output = Result<Vec<Duration>, BoxError>> + Send + 'static,
+{
     let until = Instant::now() + Duration::from_secs_f64(seconds);
     let start = Instant::now();
     let mut workers = Vec::with_capacity(concurrency);
@@ -463,7 +472,23 @@ async fn load(channels: &[Channel], concurrency: usize, seconds: f64) -> Result<
             .get(i % channels.len().max(1))
             .cloned()
             .ok_or("no channel")?;
-        workers.push(tokio::spawn(async move {
+        workers.push(tokio::spawn(worker(i, channel, until)));
+    }
+    let mut all = Vec::new();
+    for w in workers {
+        all.extend(w.await??);
+    }
+    Ok(summarize(all, start.elapsed()))
+}
+
+/// `concurrency` workers send `Authorize` back to back for `seconds`, over
+/// at most 8 connections; every answer must be ALLOW.
+async fn load(channels: &[Channel], concurrency: usize, seconds: f64) -> Result<Summary, BoxError> {
+    fan_out(
+        channels,
+        concurrency,
+        seconds,
+        |_, channel, until| async move {
             let mut client =
                 pb::authorization_service_client::AuthorizationServiceClient::new(channel);
             let request = authorize_request();
@@ -477,13 +502,9 @@ async fn load(channels: &[Channel], concurrency: usize, seconds: f64) -> Result<
                 }
             }
             Ok(samples)
-        }));
-    }
-    let mut all = Vec::new();
-    for w in workers {
-        all.extend(w.await??);
-    }
-    Ok(summarize(all, start.elapsed()))
+        },
+    )
+    .await
 }
 
 /// `concurrency` workers each run, back to back for `seconds`, a new
@@ -496,15 +517,11 @@ async fn ledger_load(
     seconds: f64,
     round: usize,
 ) -> Result<Summary, BoxError> {
-    let until = Instant::now() + Duration::from_secs_f64(seconds);
-    let start = Instant::now();
-    let mut workers = Vec::with_capacity(concurrency);
-    for i in 0..concurrency {
-        let channel = channels
-            .get(i % channels.len().max(1))
-            .cloned()
-            .ok_or("no channel")?;
-        workers.push(tokio::spawn(async move {
+    fan_out(
+        channels,
+        concurrency,
+        seconds,
+        |i, channel, until| async move {
             let mut authz =
                 pb::authorization_service_client::AuthorizationServiceClient::new(channel.clone());
             let mut ledger = pb::ledger_service_client::LedgerServiceClient::new(channel);
@@ -541,13 +558,9 @@ async fn ledger_load(
                 }
             }
             Ok(samples)
-        }));
-    }
-    let mut all = Vec::new();
-    for w in workers {
-        all.extend(w.await??);
-    }
-    Ok(summarize(all, start.elapsed()))
+        },
+    )
+    .await
 }
 
 struct GrpcRow {
