@@ -4,35 +4,32 @@
 //!
 //! Run: `cargo bench --bench decision` (optionally `-- <iterations>`).
 
-use std::sync::Arc;
+#[allow(
+    dead_code,
+    reason = "the sidecar launcher is for the benches that serve"
+)]
+mod common;
+
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
-
-use toolgate::authorizer::{AuthorizeInput, AuthorizerConfig, Decision, ToolCallAuthorizer};
-use toolgate::clock::SystemClock;
+use toolgate::decision::{AuthorizeInput, Decision};
 use toolgate::identity::Caller;
-use toolgate::policy::PolicyEngine;
-use toolgate::store::SqliteStore;
 
 const ENTITIES: &str = r#"[{"uid":{"type":"Order","id":"ord_1001"},"parents":[{"type":"Tenant","id":"acme"}],
  "attrs":{"tenant":{"__entity":{"type":"Tenant","id":"acme"}},"owner":{"__entity":{"type":"User","id":"alice"}},
  "status":"delivered","total_cents":50000}}]"#;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let iterations: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(20_000);
     let policies = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("policies");
-    let engine = PolicyEngine::load(&policies).map_err(|e| format!("{e:?}"))?;
-    let store = Arc::new(SqliteStore::open(std::path::Path::new(":memory:"))?);
-    let authorizer = ToolCallAuthorizer::new(
-        Arc::new(ArcSwap::from_pointee(engine)),
-        store,
-        Arc::new(SystemClock),
-        AuthorizerConfig::default(),
-    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let services = rt.block_on(common::in_process(common::load_policies(&policies)?))?;
+    let authorizer = services.authorizer;
     let input = AuthorizeInput {
         tool: "refund_order".into(),
         arguments: br#"{"order_id": "ord_1001", "amount_cents": 2500, "currency": "USD", "reason": "late"}"#.to_vec(),
@@ -49,9 +46,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         entities_json: ENTITIES.into(),
         ..AuthorizeInput::default()
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let mut samples: Vec<Duration> = Vec::with_capacity(iterations);
     rt.block_on(async {
         for _ in 0..iterations / 10 {

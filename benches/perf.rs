@@ -33,19 +33,15 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use serde_json::{Value, json};
 use tonic::transport::{Channel, Endpoint};
 
-use toolgate::authorizer::{AuthorizeInput, AuthorizerConfig, Decision, ToolCallAuthorizer};
-use toolgate::clock::SystemClock;
+use toolgate::decision::{AuthorizeInput, Decision};
 use toolgate::grpc::pb;
 use toolgate::identity::Caller;
 use toolgate::policy::PolicyEngine;
-use toolgate::store::SqliteStore;
 
 use common::{ChildGuard, example_policies};
 
@@ -275,16 +271,11 @@ impl RawCedar {
 }
 
 async fn in_process(o: &Options) -> Result<InProcess, BoxError> {
-    let engine = PolicyEngine::load(&example_policies()).map_err(|e| format!("{e:?}"))?;
+    let reloader = common::load_policies(&example_policies())?;
+    let engine = reloader.live().load_full();
     let raw = RawCedar::build(&engine)?;
     let policies = engine.policy_count();
-    let store = Arc::new(SqliteStore::open(Path::new(":memory:"))?);
-    let authorizer = ToolCallAuthorizer::new(
-        Arc::new(ArcSwap::from_pointee(engine)),
-        store,
-        Arc::new(SystemClock),
-        AuthorizerConfig::default(),
-    );
+    let authorizer = common::in_process(reloader).await?.authorizer;
     let input = AuthorizeInput {
         tool: "refund_order".into(),
         arguments: ARGUMENTS.to_vec(),

@@ -13,18 +13,18 @@
     reason = "benchmark code: every index is taken modulo the slice's length"
 )]
 
+#[allow(
+    dead_code,
+    reason = "the sidecar launcher is for the benches that serve"
+)]
+mod common;
+
 use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
-
-use toolgate::authorizer::{AuthorizeInput, AuthorizerConfig, Decision, ToolCallAuthorizer};
-use toolgate::clock::SystemClock;
+use toolgate::decision::{AuthorizeInput, Decision};
 use toolgate::identity::Caller;
-use toolgate::policy::PolicyEngine;
-use toolgate::store::SqliteStore;
 
 const TOOLS: usize = 1_000;
 const RISKS: [&str; 5] = ["read", "write", "external", "financial", "destructive"];
@@ -35,7 +35,7 @@ const BASE: usize = 20;
 const ENTITIES: &str = r#"[{"uid":{"type":"Order","id":"ord_1"},"parents":[{"type":"Tenant","id":"acme"}],
  "attrs":{"tenant":{"__entity":{"type":"Tenant","id":"acme"}},"owner":{"__entity":{"type":"User","id":"alice"}},"total_cents":50000}}]"#;
 
-type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 fn tool_name(i: usize) -> String {
     format!("tool_{i:04}")
@@ -164,20 +164,15 @@ fn measure(policies: usize, rt: &tokio::runtime::Runtime) -> BenchResult<Figures
     generate(&dir, policies)?;
 
     let start = Instant::now();
-    let engine = PolicyEngine::load(&dir).map_err(|e| format!("{e:?}"))?;
+    let reloader = common::load_policies(&dir)?;
     let load = start.elapsed();
+    let engine = reloader.live().load_full();
     assert_eq!(engine.policy_count(), policies.max(BASE));
     assert_eq!(engine.tools().len(), TOOLS);
     let largest_slice = engine.largest_slice();
     let (rss_mib, _) = memory();
 
-    let store = Arc::new(SqliteStore::open(Path::new(":memory:"))?);
-    let authorizer = ToolCallAuthorizer::new(
-        Arc::new(ArcSwap::from_pointee(engine)),
-        store,
-        Arc::new(SystemClock),
-        AuthorizerConfig::default(),
-    );
+    let authorizer = rt.block_on(common::in_process(reloader))?.authorizer;
     // Every risk group's scope: the base permit allows every call.
     let caller = Caller {
         subject_id: "user_0".into(),

@@ -23,7 +23,7 @@ use serde::Deserialize;
 
 use crate::access::{AccessPolicy, CallerPattern, Grant, ServiceName};
 use crate::audit::{AuditConfig, AuditSink, WhenFull};
-use crate::authorizer::AuthorizerConfig;
+use crate::decision::AuthorizerConfig;
 use crate::decode::Limits;
 use crate::identity::{ClaimNames, VerifierConfig};
 use crate::ledger::LedgerConfig;
@@ -56,6 +56,9 @@ pub const CLIENT_VARIABLES: [&str; 8] = [
 /// for clocks that drift by seconds; minutes would quietly extend every
 /// token's life.
 pub const MAX_LEEWAY_SECONDS: u64 = 300;
+
+/// How often due approvals are marked expired.
+pub const DEFAULT_APPROVAL_EXPIRY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The default listen address: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -345,6 +348,9 @@ pub struct Config {
     pub grace: Duration,
     /// Origins allowed to call over gRPC-Web (CORS).
     pub cors_origins: Vec<String>,
+    /// How often due approvals are marked expired and announced (1 s; not
+    /// a file key: tests on an injected clock shorten it).
+    pub approval_expiry_interval: Duration,
 }
 
 /// `[tls]` files.
@@ -366,6 +372,15 @@ impl Config {
             .filter(|(k, _)| k.starts_with("TOOLGATE_"))
             .collect();
         Self::load_with_env(path, &env, overrides)
+    }
+
+    /// Every default, then the overrides: no file and no environment is
+    /// read (`toolgate authorize`, `toolgate test`, tests and benches).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for an invalid override.
+    pub fn with_defaults(overrides: Overrides) -> Result<Self, ConfigError> {
+        Self::from_raw(RawConfig::default(), overrides)
     }
 
     /// [`Config::load`] with the environment given, not read.
@@ -512,6 +527,7 @@ impl Config {
                 .grace_ms
                 .map_or(shutdown_default, Duration::from_millis),
             cors_origins: raw.grpc_web.allowed_origins,
+            approval_expiry_interval: DEFAULT_APPROVAL_EXPIRY_INTERVAL,
             policies: o
                 .policies
                 .or(raw.policies)

@@ -425,6 +425,46 @@ const fn generic_message(code: ErrorCode) -> &'static str {
     }
 }
 
+/// A malformed request from the executor itself (not the model): answered
+/// as a gRPC `INVALID_ARGUMENT`, not as a decision.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid `{field}`: {description}")]
+pub struct ExecutorError {
+    pub field: &'static str,
+    pub description: String,
+}
+
+impl ExecutorError {
+    pub fn new(field: &'static str, description: impl Into<String>) -> Self {
+        Self {
+            field,
+            description: description.into(),
+        }
+    }
+}
+
+/// `tool_not_found` for a name the model or executor gave, echoed safely.
+#[must_use]
+pub fn unknown_tool(name: &str) -> Envelope {
+    Envelope::new(
+        ErrorCode::ToolNotFound,
+        format!("unknown tool `{}`", echo(name)),
+    )
+    .with("tool", echo(name))
+}
+
+/// How long a model-supplied name may be before it is cut in messages.
+const MAX_ECHO: usize = 64;
+
+/// A model-supplied string cut to a length safe to echo.
+pub fn echo(s: &str) -> String {
+    if s.chars().count() <= MAX_ECHO {
+        s.to_owned()
+    } else {
+        s.chars().take(MAX_ECHO).chain("…".chars()).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

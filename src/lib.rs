@@ -27,22 +27,21 @@
 //! See `ARCHITECTURE.md` for the invariants each module keeps.
 
 pub mod access;
-pub mod approval_desk;
 pub mod approvals;
 pub mod audit;
-pub mod authorizer;
 pub mod clock;
 pub mod config;
+pub mod decision;
 pub mod decode;
 pub mod envelope;
 pub mod grpc;
 pub mod identity;
 pub mod ledger;
-pub mod ledger_desk;
 pub mod metrics;
 pub mod policy;
 pub mod policy_cases;
 pub mod ratelimit;
+pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod tools;

@@ -5,14 +5,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use arc_swap::ArcSwap;
 use clap::{Parser, Subcommand};
 
-use toolgate::authorizer::{AuthorizeInput, ToolCallAuthorizer};
 use toolgate::clock::SystemClock;
-use toolgate::config::{Config, ListenAddr, Overrides};
+use toolgate::config::{Config, Overrides};
+use toolgate::decision::AuthorizeInput;
 use toolgate::identity::Caller;
-use toolgate::policy::{PolicyEngine, PolicyReloader};
+use toolgate::policy::PolicyEngine;
+use toolgate::server;
 
 #[derive(Parser)]
 #[command(
@@ -398,16 +398,6 @@ fn policy_test(dir: &std::path::Path, require_coverage: bool) -> anyhow::Result<
 fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     toolgate::telemetry::init();
     let config = args.load()?;
-    let clock: Arc<dyn toolgate::clock::Clock> = Arc::new(SystemClock);
-    let policies = Arc::new(
-        PolicyReloader::load(&config.policies, Arc::clone(&clock)).map_err(|errors| {
-            report(&errors);
-            anyhow::anyhow!(
-                "the policy set in `{}` is invalid",
-                config.policies.display()
-            )
-        })?,
-    );
     // The blocking pool runs the SQLite store's calls (one connection behind
     // a mutex) and policy reloads: threads beyond a few would only wait on
     // that mutex, each holding a stack and allocator pages (tokio's default
@@ -416,193 +406,26 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .max_blocking_threads(8)
         .enable_all()
         .build()?;
-    runtime.block_on(serve_on(config, policies, clock))
+    runtime.block_on(async {
+        let services = built(server::build(&config, Arc::new(SystemClock)).await)?;
+        let listeners = server::Listeners::bind(&config).await?;
+        server::serve(services, listeners, &config, shutdown_signal()).await?;
+        tracing::info!("toolgate stopped");
+        Ok(ExitCode::SUCCESS)
+    })
 }
 
-async fn serve_on(
-    config: Config,
-    policies: Arc<PolicyReloader>,
-    clock: Arc<dyn toolgate::clock::Clock>,
-) -> anyhow::Result<ExitCode> {
-    use toolgate::grpc::{Listener, ServeOptions, TlsPem};
-
-    let store = toolgate::store::open(&config.store, config.store_settings)
-        .await
-        .context("opening the store")?;
-
-    let metrics = Arc::new(toolgate::metrics::Metrics::default());
-    // Before anything is served: a scrape never misses the policy series.
-    metrics.watch_policies(Arc::clone(&policies));
-    let audit = Arc::new(toolgate::audit::Audit::start(
-        &config.audit,
-        Arc::clone(&metrics),
-    )?);
-    let verifier: Option<Arc<dyn toolgate::approval_desk::IdentityVerifier>> =
-        match &config.jwks_file {
-            Some(path) => Some(Arc::new(
-                toolgate::identity::TokenVerifier::from_jwks_file(path, config.verifier.clone())
-                    .with_context(|| format!("loading the key set {}", path.display()))?,
-            )),
-            None => {
-                tracing::warn!(
-                    "no --jwks-file: every ApprovalService call will be refused as unauthorized"
-                );
-                None
-            }
-        };
-    // Decisions and the ledger establish principals alike.
-    let principals =
-        toolgate::authorizer::Principals::new(verifier.clone(), config.require_identity_token);
-    let tls = match &config.tls {
-        Some(files) => {
-            let read = |p: &std::path::Path| {
-                std::fs::read(p).with_context(|| format!("reading {}", p.display()))
-            };
-            Some(TlsPem {
-                cert: read(&files.cert)?,
-                key: read(&files.key)?,
-                client_ca: files.client_ca.as_deref().map(read).transpose()?,
-            })
+/// The built sidecar, or its error with every policy diagnostic printed
+/// (file:line and the source) when the policy set is what failed.
+fn built(
+    result: Result<server::Services, server::ServerError>,
+) -> anyhow::Result<server::Services> {
+    result.map_err(|e| {
+        if let server::ServerError::Policies { errors, .. } = &e {
+            report(errors);
         }
-        None => None,
-    };
-    let (listener, listen) = match &config.listen {
-        ListenAddr::Tcp(addr) => {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding {addr}"))?;
-            let shown = l.local_addr()?.to_string();
-            (Listener::Tcp(l), shown)
-        }
-        ListenAddr::Unix(path) => {
-            let l = toolgate::grpc::bind_unix(path, config.unix_socket_mode)?;
-            (
-                Listener::Unix {
-                    listener: l,
-                    path: path.clone(),
-                },
-                format!("unix:{}", path.display()),
-            )
-        }
-    };
-    if config.access == toolgate::access::AccessPolicy::Open {
-        tracing::warn!(
-            "no [[access]] grants: every caller on this loopback listener may call every service, \
-             including DecideApproval; configure grants before production"
-        );
-    }
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let _ = stop_tx.send(true);
-    });
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-    // Metrics stay up until the gRPC server has drained, so the shutdown
-    // itself can be watched (`toolgate_shutting_down`, the last decisions).
-    let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
-    let metrics_server = match config.metrics_listen {
-        Some(addr) => {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding the metrics listener {addr}"))?;
-            tracing::info!(metrics_listen = %l.local_addr()?, "metrics serving");
-            Some(tokio::spawn(toolgate::metrics::serve(
-                l,
-                Arc::clone(&metrics),
-                async {
-                    let _ = metrics_stopped.await;
-                },
-            )))
-        }
-        None => None,
-    };
-
-    let engine = policies.live();
-    let events =
-        Arc::new(toolgate::approvals::ApprovalEvents::default().with_metrics(Arc::clone(&metrics)));
-    let authorizer = Arc::new(
-        ToolCallAuthorizer::new(
-            Arc::clone(&engine),
-            Arc::clone(&store),
-            Arc::clone(&clock),
-            config.authorizer.clone(),
-        )
-        .with_events(Arc::clone(&events))
-        .with_audit(Arc::clone(&audit))
-        .with_metrics(Arc::clone(&metrics))
-        .with_rate_limits(Arc::new(toolgate::ratelimit::RateLimits::new(
-            &config.rate_limits,
-        )))
-        .with_principals(principals.clone()),
-    );
-    let ledger = Arc::new(
-        toolgate::ledger_desk::LedgerDesk::new(
-            Arc::clone(&engine),
-            Arc::clone(&store),
-            Arc::clone(&clock),
-            config.ledger.clone(),
-            config.authorizer.limits,
-            config.authorizer.violation_cap,
-        )
-        .with_principals(principals)
-        .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
-    );
-    let desk = Arc::new(
-        toolgate::approval_desk::ApprovalDesk::new(
-            engine,
-            Arc::clone(&store),
-            clock,
-            verifier,
-            events,
-        )
-        .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
-    );
-    let (policy_version, tools) = {
-        let e = authorizer.engine();
-        (e.version().to_owned(), e.tools().len())
-    };
-    let services = toolgate::grpc::Services {
-        authorizer,
-        desk,
-        expiry_interval: std::time::Duration::from_secs(1),
-        ledger,
-        policies,
-        reload: config.reload,
-        store,
-        store_probe_interval: config.store_settings.health_interval,
-    };
-    let options = ServeOptions {
-        access: config.access.clone(),
-        tls,
-        cors_origins: config.cors_origins.clone(),
-        drain: config.drain,
-        grace: config.grace,
-        metrics,
-    };
-    tracing::info!(
-        listen = %listen,
-        tls = config.tls.is_some(),
-        policies = %config.policies.display(),
-        policy_version,
-        tools,
-        "toolgate serving"
-    );
-    toolgate::grpc::serve_with(listener, services, options, stopped()).await?;
-    // Every decision answered was queued for the audit log: write it out.
-    if !audit.flush(std::time::Duration::from_secs(10)).await {
-        tracing::error!("the audit log could not be flushed within 10 s");
-    }
-    let _ = metrics_stop.send(());
-    if let Some(m) = metrics_server {
-        let _ = m.await;
-    }
-    tracing::info!("toolgate stopped");
-    Ok(ExitCode::SUCCESS)
+        anyhow::Error::new(e)
+    })
 }
 
 async fn shutdown_signal() {
@@ -629,28 +452,23 @@ async fn shutdown_signal() {
 }
 
 fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
-    let engine = load_or_report(&args.policies)?;
+    let mut config = Config::with_defaults(Overrides {
+        policies: Some(args.policies),
+        store: Some(args.store),
+        ..Overrides::default()
+    })?;
+    // The answer is printed; no audit log is kept for a one-off decision.
+    config.audit.sink = toolgate::audit::AuditSink::Discard;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let store = runtime
-        .block_on(toolgate::store::open(
-            &args.store,
-            toolgate::store::StoreSettings::default(),
-        ))
-        .context("opening the store")?;
+    let services = built(runtime.block_on(server::build(&config, Arc::new(SystemClock))))?;
     let entities_json = match &args.entities {
         Some(p) => {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
         }
         None => String::new(),
     };
-    let authorizer = ToolCallAuthorizer::new(
-        Arc::new(ArcSwap::from_pointee(engine)),
-        store,
-        Arc::new(SystemClock),
-        toolgate::authorizer::AuthorizerConfig::default(),
-    );
     let input = AuthorizeInput {
         tool: args.tool,
         arguments: args.args.into_bytes(),
@@ -671,7 +489,7 @@ fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
         identity_token: String::new(),
         peer: String::new(),
     };
-    let outcome = runtime.block_on(authorizer.authorize(&input))?;
+    let outcome = runtime.block_on(services.authorizer.authorize(&input))?;
     let json = serde_json::json!({
         "decision": outcome.decision.as_str(),
         "code": outcome.error.as_ref().map(|e| e.code.as_str()),
@@ -688,8 +506,8 @@ fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
     });
     println!("{}", serde_json::to_string_pretty(&json)?);
     Ok(match outcome.decision {
-        toolgate::authorizer::Decision::Allow => ExitCode::SUCCESS,
-        toolgate::authorizer::Decision::Deny => ExitCode::from(2),
-        toolgate::authorizer::Decision::ApprovalRequired => ExitCode::from(3),
+        toolgate::decision::Decision::Allow => ExitCode::SUCCESS,
+        toolgate::decision::Decision::Deny => ExitCode::from(2),
+        toolgate::decision::Decision::ApprovalRequired => ExitCode::from(3),
     })
 }

@@ -44,9 +44,12 @@ pub fn start_sidecar(store: &str) -> Result<(ChildGuard, SocketAddr), BoxError> 
     // Drains the log (the audit events) for the sidecar's whole life.
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let listen = serde_json::from_str::<Value>(&line)
-                .ok()
-                .and_then(|v| v["fields"]["listen"].as_str().map(str::to_owned));
+            let listen = serde_json::from_str::<Value>(&line).ok().and_then(|v| {
+                v.get("fields")
+                    .and_then(|f| f.get("listen"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            });
             if let Some(listen) = listen {
                 let _ = tx.send(listen);
             }
@@ -54,4 +57,32 @@ pub fn start_sidecar(store: &str) -> Result<(ChildGuard, SocketAddr), BoxError> 
     });
     let listen = rx.recv_timeout(Duration::from_secs(60))?;
     Ok((guard, listen.parse()?))
+}
+
+/// The sidecar's own wiring (`toolgate::server`), in process: the policy
+/// set `policies` already loaded, an in-memory SQLite store and the audit
+/// log discarded by name — what a decision costs without the transport.
+#[allow(dead_code, reason = "not every bench decides in process")]
+pub async fn in_process(
+    policies: std::sync::Arc<toolgate::policy::PolicyReloader>,
+) -> Result<toolgate::server::Services, BoxError> {
+    let mut config = toolgate::config::Config::with_defaults(toolgate::config::Overrides {
+        policies: Some(policies.dir().to_path_buf()),
+        store: Some(":memory:".into()),
+        ..toolgate::config::Overrides::default()
+    })?;
+    config.audit.sink = toolgate::audit::AuditSink::Discard;
+    let clock = std::sync::Arc::new(toolgate::clock::SystemClock);
+    Ok(toolgate::server::assemble(&config, clock, policies).await?)
+}
+
+/// Loads `dir` as the sidecar does.
+#[allow(dead_code, reason = "not every bench decides in process")]
+pub fn load_policies(
+    dir: &std::path::Path,
+) -> Result<std::sync::Arc<toolgate::policy::PolicyReloader>, BoxError> {
+    let clock = std::sync::Arc::new(toolgate::clock::SystemClock);
+    let reloader =
+        toolgate::policy::PolicyReloader::load(dir, clock).map_err(|e| format!("{e:?}"))?;
+    Ok(std::sync::Arc::new(reloader))
 }

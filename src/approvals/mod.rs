@@ -5,6 +5,7 @@
 //! when to create them. An approval is usable only when tenant, subject,
 //! tool, risk and arguments hash all match, unexpired and unconsumed.
 
+pub mod desk;
 mod events;
 
 pub use events::{ApprovalEvent, ApprovalEventKind, ApprovalEvents};

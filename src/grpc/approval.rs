@@ -11,7 +11,7 @@ use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use super::{convert, pb};
-use crate::approval_desk::{ApprovalDesk, DeskError};
+use crate::approvals::desk::{ApprovalDesk, DeskError};
 use crate::approvals::{ApprovalEventKind, ApprovalRecord, ApprovalStatus};
 use crate::envelope::ErrorCode;
 
@@ -145,7 +145,7 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
         &self,
         request: Request<pb::DecideApprovalRequest>,
     ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
-        let peer = super::access::peer(&request);
+        let peer = super::admission::peer(&request);
         let pb::DecideApprovalRequest {
             identity_token,
             approval_id,

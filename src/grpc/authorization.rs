@@ -6,13 +6,13 @@ use std::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::{convert, pb};
-use crate::authorizer::{
-    AuthorizeInput, AuthorizeOutcome, ScheduleItem, ToolCallAuthorizer, schedule, unknown_tool,
+use crate::decision::{
+    AuthorizeInput, AuthorizeOutcome, ScheduleItem, ToolCallAuthorizer, schedule,
 };
 use crate::decode;
-use crate::envelope::{Envelope, ErrorCode};
+use crate::envelope::{Envelope, ErrorCode, ExecutorError, unknown_tool};
 use crate::ledger::BeginAnswer;
-use crate::ledger_desk::LedgerDesk;
+use crate::ledger::desk::LedgerDesk;
 
 /// Most calls one `BatchAuthorize` may carry (one model turn).
 const MAX_BATCH: usize = 128;
@@ -137,7 +137,7 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
     ) -> Result<Response<pb::AuthorizeResponse>, Status> {
         let arrived = Instant::now();
         let metadata = request.metadata().clone();
-        let peer = super::access::peer(&request);
+        let peer = super::admission::peer(&request);
         let answer = self
             .decide(request.into_inner(), &metadata, arrived, &peer)
             .await?;
@@ -150,15 +150,13 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
     ) -> Result<Response<pb::BatchAuthorizeResponse>, Status> {
         let arrived = Instant::now();
         let metadata = request.metadata().clone();
-        let peer = super::access::peer(&request);
+        let peer = super::admission::peer(&request);
         let pb::BatchAuthorizeRequest { requests } = request.into_inner();
         if requests.len() > MAX_BATCH {
-            return Err(convert::executor_status(
-                &crate::authorizer::ExecutorError {
-                    field: "requests",
-                    description: format!("at most {MAX_BATCH} calls per batch"),
-                },
-            ));
+            return Err(convert::executor_status(&ExecutorError {
+                field: "requests",
+                description: format!("at most {MAX_BATCH} calls per batch"),
+            }));
         }
         let mut responses = Vec::with_capacity(requests.len());
         for req in requests {

@@ -8,9 +8,9 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use super::pb;
-use crate::authorizer::{Decision, ExecutorError};
 use crate::clock::UnixMillis;
-use crate::envelope::Envelope;
+use crate::decision::Decision;
+use crate::envelope::{Envelope, ExecutorError};
 use crate::identity::Caller;
 use crate::ledger::RecordedError;
 use crate::tools::Risk;

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{convert, pb};
-use crate::ledger::{BeginAnswer, BeginOutcome, ExecutionRecord, ExecutionState, RecordedError};
-use crate::ledger_desk::{
+use crate::ledger::desk::{
     BeginRequest, CompleteRequest, CompletionStatus, ExecutorAuth, LedgerDesk, LedgerError,
     ReconcileRequest,
 };
+use crate::ledger::{BeginAnswer, BeginOutcome, ExecutionRecord, ExecutionState, RecordedError};
 
 /// The execution ledger API for executors.
 #[derive(Debug, Clone)]
@@ -129,7 +129,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         &self,
         request: Request<pb::BeginExecutionRequest>,
     ) -> Result<Response<pb::BeginExecutionResponse>, Status> {
-        let peer = super::access::peer(&request);
+        let peer = super::admission::peer(&request);
         let pb::BeginExecutionRequest {
             auth,
             idempotency_key,
@@ -155,7 +155,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         &self,
         request: Request<pb::CompleteExecutionRequest>,
     ) -> Result<Response<pb::CompleteExecutionResponse>, Status> {
-        let peer = super::access::peer(&request);
+        let peer = super::admission::peer(&request);
         let pb::CompleteExecutionRequest {
             auth,
             idempotency_key,
@@ -193,7 +193,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         &self,
         request: Request<pb::ReconcileExecutionRequest>,
     ) -> Result<Response<pb::ReconcileExecutionResponse>, Status> {
-        let peer = super::access::peer(&request);
+        let peer = super::admission::peer(&request);
         let pb::ReconcileExecutionRequest {
             auth,
             idempotency_key,
@@ -221,7 +221,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         &self,
         request: Request<pb::GetExecutionRequest>,
     ) -> Result<Response<pb::GetExecutionResponse>, Status> {
-        let peer = super::access::peer(&request);
+        let peer = super::admission::peer(&request);
         let pb::GetExecutionRequest {
             auth,
             idempotency_key,

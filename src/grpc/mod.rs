@@ -5,7 +5,7 @@
 //! mistakes become `INVALID_ARGUMENT` with `google.rpc.BadRequest` details,
 //! everything about the model's call is a normal response with an envelope.
 
-mod access;
+mod admission;
 mod approval;
 mod authorization;
 mod convert;
@@ -28,12 +28,12 @@ use tonic::transport::server::{Connected, TcpIncoming};
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::access::AccessPolicy;
-use crate::approval_desk::ApprovalDesk;
-use crate::authorizer::ToolCallAuthorizer;
-use crate::ledger_desk::LedgerDesk;
+use crate::approvals::desk::ApprovalDesk;
+use crate::decision::ToolCallAuthorizer;
+use crate::ledger::desk::LedgerDesk;
 use crate::metrics::Metrics;
-use crate::policy::{PolicyReloader, ReloadTriggers};
-use crate::store::{Store, StoreError};
+use crate::policy::PolicyReloader;
+use crate::store::StoreError;
 
 /// The generated wire types, private to the crate except through `pb`.
 #[allow(
@@ -64,25 +64,16 @@ pub enum ServeError {
     Store(#[from] StoreError),
 }
 
-/// The domain services the gRPC surface translates for.
+/// The desks the gRPC surface translates for, as [`crate::server`] wired them.
 #[derive(Debug, Clone)]
-pub struct Services {
+pub struct Handlers {
     pub authorizer: Arc<ToolCallAuthorizer>,
-    pub desk: Arc<ApprovalDesk>,
-    /// How often due approvals are marked expired (and announced).
-    pub expiry_interval: std::time::Duration,
-    /// The execution ledger; its records past retention are collected
-    /// every `collect_interval` of its configuration.
+    pub approvals: Arc<ApprovalDesk>,
     pub ledger: Arc<LedgerDesk>,
-    /// The live policy set the authorizer and the desk decide on.
+    /// The live policy set, for `PolicyService`.
     pub policies: Arc<PolicyReloader>,
-    /// What reloads it while the server runs.
-    pub reload: ReloadTriggers,
-    /// The store the desks share: health follows it, and a shared one
-    /// relays other replicas' approval events to this server's watchers.
-    pub store: Arc<dyn Store>,
-    /// How often health asks the store whether it answers.
-    pub store_probe_interval: std::time::Duration,
+    /// Where refused connections are counted.
+    pub metrics: Arc<Metrics>,
 }
 
 /// A bound listener.
@@ -126,54 +117,26 @@ pub struct ServeOptions {
     /// Then, how long in-flight calls get to finish before the server stops
     /// regardless.
     pub grace: Duration,
-    pub metrics: Arc<Metrics>,
 }
 
-impl Default for ServeOptions {
-    fn default() -> Self {
-        Self {
-            access: AccessPolicy::Open,
-            tls: None,
-            cors_origins: Vec::new(),
-            drain: Duration::ZERO,
-            grace: Duration::from_secs(10),
-            metrics: Arc::new(Metrics::default()),
-        }
-    }
-}
-
-/// Serves with the default options (open access, no TLS): the tests'
-/// loopback server.
+/// Serves every toolgate service, health and reflection on `listener` until
+/// `shutdown` resolves, then shuts down gracefully ([`crate::server::serve`]
+/// calls it, with the domain's jobs around it).
+///
+/// Health reports NOT_SERVING until the services are wired to a loaded
+/// policy set, SERVING after; then, for the whole server and each service
+/// that needs the store, NOT_SERVING while `store_answers` says `false`; and
+/// NOT_SERVING again, for good, the moment `shutdown` resolves. Then, after
+/// `drain`, no new connection or call is accepted; calls in flight finish,
+/// for at most `grace`. gRPC-Web (HTTP/1.1) is served on the same listener.
 ///
 /// # Errors
 /// [`ServeError`] when the transport fails.
 pub async fn serve(
     listener: impl Into<Listener>,
-    services: Services,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), ServeError> {
-    serve_with(listener, services, ServeOptions::default(), shutdown).await
-}
-
-/// Serves every toolgate service, health and reflection on `listener` until
-/// `shutdown` resolves, then shuts down gracefully. Used by `main` and by
-/// the tests alike.
-///
-/// Health reports NOT_SERVING until the services are wired to a loaded
-/// policy set, SERVING after; then, for the whole server and each service
-/// that needs the store, NOT_SERVING while the store does not answer; and
-/// NOT_SERVING again, for good, the moment `shutdown` resolves. Then, after
-/// `drain`, no new connection or call is accepted; calls in flight finish,
-/// for at most `grace`. gRPC-Web (HTTP/1.1) is served on the same listener.
-/// The policy reloader, and the relay of other replicas' approval events,
-/// run for as long as the server does.
-///
-/// # Errors
-/// [`ServeError`] when the transport fails.
-pub async fn serve_with(
-    listener: impl Into<Listener>,
-    services: Services,
+    handlers: Handlers,
     options: ServeOptions,
+    store_answers: tokio::sync::watch::Receiver<bool>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     use pb::approval_service_server::ApprovalServiceServer;
@@ -195,20 +158,13 @@ pub async fn serve_with(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
 
-    let Services {
+    let Handlers {
         authorizer,
-        desk,
-        expiry_interval,
+        approvals: desk,
         ledger,
         policies,
-        reload,
-        store,
-        store_probe_interval,
-    } = services;
-    // Before anything is served, so no watcher subscribes before it listens.
-    let relay = store
-        .relay_approval_events(Arc::clone(desk.events()))
-        .await?;
+        metrics,
+    } = handlers;
     let authorization = AuthorizationServiceServer::new(authorization::AuthorizationApi::new(
         authorizer,
         Arc::clone(&ledger),
@@ -216,41 +172,9 @@ pub async fn serve_with(
     // Open watch streams would hold a graceful shutdown forever: they end
     // (with UNAVAILABLE, so clients watch again elsewhere) once it starts.
     let (stopping_tx, stopping) = tokio::sync::watch::channel(false);
-    let approvals = ApprovalServiceServer::new(approval::ApprovalApi::new(
-        Arc::clone(&desk),
-        stopping.clone(),
-    ));
-    // Expiry needs nobody to ask: a background sweep, stopped with the server.
-    let sweeper = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(expiry_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if let Err(e) = desk.expire_due().await {
-                tracing::error!(error = %e, "approval expiry sweep failed");
-            }
-        }
-    });
-    // Retention likewise; each batch is its own short transaction.
-    let collector = {
-        let ledger = Arc::clone(&ledger);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(ledger.config().collect_interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                if let Err(e) = ledger.collect_due().await {
-                    tracing::error!(error = %e, "ledger retention sweep failed");
-                }
-            }
-        })
-    };
+    let approvals = ApprovalServiceServer::new(approval::ApprovalApi::new(desk, stopping.clone()));
     let ledger = LedgerServiceServer::new(ledger::LedgerApi::new(ledger));
-    let policy = PolicyServiceServer::new(policy::PolicyApi::new(Arc::clone(&policies)));
-    // Exported from here on (a no-op when `main` already did it).
-    options.metrics.watch_policies(Arc::clone(&policies));
-    // Reloads need nobody to ask either; the watch stops with the server.
-    let reloads = tokio::spawn(crate::policy::start_reloads(policies, reload));
+    let policy = PolicyServiceServer::new(policy::PolicyApi::new(policies));
 
     // The policy set is loaded before the authorizer exists, so the
     // services are ready as soon as they are wired.
@@ -269,12 +193,7 @@ pub async fn serve_with(
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
-    let probe = tokio::spawn(follow_store(
-        store,
-        reporter.clone(),
-        store_probe_interval,
-        stopping.clone(),
-    ));
+    let probe = tokio::spawn(follow_store(store_answers, reporter.clone()));
 
     let routes = Routes::new(health)
         .add_service(reflection)
@@ -285,13 +204,14 @@ pub async fn serve_with(
 
     let drain = options.drain;
     let probe_stop = probe.abort_handle();
+    let metrics_layer = Arc::clone(&metrics);
     let signal = {
         let reporter = reporter.clone();
-        let metrics = Arc::clone(&options.metrics);
+        let metrics = Arc::clone(&metrics);
         async move {
             shutdown.await;
-            // The store probe stops first, so it cannot set SERVING again
-            // after the NOT_SERVING below.
+            // Following the store stops first, so it cannot set SERVING
+            // again after the NOT_SERVING below.
             probe.abort();
             let _ = probe.await;
             // Health first, at once: balancers stop sending new work.
@@ -342,8 +262,8 @@ pub async fn serve_with(
     };
     let server = async {
         match listener {
-            Incoming::Tcp(s) => run(s, routes, &options, signal).await,
-            Incoming::Unix(s) => run(s, routes, &options, signal).await,
+            Incoming::Tcp(s) => run(s, routes, &options, &metrics_layer, signal).await,
+            Incoming::Unix(s) => run(s, routes, &options, &metrics_layer, signal).await,
         }
     };
     let result = tokio::select! {
@@ -353,13 +273,7 @@ pub async fn serve_with(
             Ok(())
         }
     };
-    sweeper.abort();
-    collector.abort();
-    reloads.abort();
     probe_stop.abort();
-    if let Some(relay) = relay {
-        relay.abort();
-    }
     if let Some(path) = socket_path {
         let _ = std::fs::remove_file(path);
     }
@@ -377,6 +291,7 @@ async fn run<I, IO>(
     incoming: I,
     routes: Routes,
     options: &ServeOptions,
+    metrics: &Arc<Metrics>,
     signal: impl Future<Output = ()>,
 ) -> Result<(), ServeError>
 where
@@ -395,9 +310,9 @@ where
         .accept_http1(true)
         .layer(cors(&options.cors_origins)?)
         .layer(tonic_web::GrpcWebLayer::new())
-        .layer(access::AccessLayer::new(
+        .layer(admission::AccessLayer::new(
             options.access.clone(),
-            Arc::clone(&options.metrics),
+            Arc::clone(metrics),
         ))
         .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, signal)
@@ -437,12 +352,10 @@ fn cors(origins: &[String]) -> Result<tower_http::cors::CorsLayer, ServeError> {
 
 /// Health follows the store: NOT_SERVING for the whole server and for each
 /// service that needs the store while it does not answer, SERVING again once
-/// it does; stops when the server starts shutting down.
+/// it does; aborted when the server starts shutting down.
 async fn follow_store(
-    store: Arc<dyn Store>,
+    mut answering: tokio::sync::watch::Receiver<bool>,
     reporter: tonic_health::server::HealthReporter,
-    every: std::time::Duration,
-    mut stopping: tokio::sync::watch::Receiver<bool>,
 ) {
     use pb::approval_service_server::ApprovalServiceServer;
     use pb::authorization_service_server::AuthorizationServiceServer;
@@ -456,34 +369,23 @@ async fn follow_store(
         <ApprovalServiceServer<approval::ApprovalApi> as NamedService>::NAME,
         <LedgerServiceServer<ledger::LedgerApi> as NamedService>::NAME,
     ];
-    let mut answering = true;
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // SERVING was set when the services were wired.
+    let mut serving = true;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stopping.wait_for(|s| *s) => return,
-        }
-        let result = store.ping().await;
-        if *stopping.borrow() {
-            return;
-        }
-        if result.is_ok() == answering {
-            continue;
-        }
-        answering = result.is_ok();
-        let status = match &result {
-            Ok(()) => {
-                tracing::info!("the store answers again: SERVING");
+        let now = *answering.borrow_and_update();
+        if now != serving {
+            serving = now;
+            let status = if now {
                 ServingStatus::Serving
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "the store does not answer: NOT_SERVING");
+            } else {
                 ServingStatus::NotServing
+            };
+            for name in names {
+                reporter.set_service_status(name, status).await;
             }
-        };
-        for name in names {
-            reporter.set_service_status(name, status).await;
+        }
+        if answering.changed().await.is_err() {
+            return;
         }
     }
 }

@@ -1,8 +1,19 @@
-//! Who is calling: the authenticated caller of a decision.
+//! Who is calling: the authenticated caller of a decision, the rule of who
+//! a request runs as ([`Principals`]), identity tokens verified against a
+//! JWKS (`token`), and development keys (`dev`).
 //!
 //! The caller comes from the executor's authentication middleware (trusted,
-//! DESIGN §1), never from the model's arguments. This module holds the domain
-//! type; it must not read anything the model wrote.
+//! DESIGN §1) or a verified token, never from the model's arguments. A leaf:
+//! it imports only the clock and the error table; it must not read anything
+//! the model wrote, nor log tokens or keys.
+
+/// Turns an identity token into the caller it names, or the reason it
+/// cannot (a stable snake_case word).
+pub trait IdentityVerifier: Send + Sync + std::fmt::Debug {
+    /// # Errors
+    /// The reason the token is not acceptable.
+    fn verify(&self, token: &str, now_unix_seconds: i64) -> Result<Caller, &'static str>;
+}
 
 /// The authenticated principal of one tool call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,7 +27,10 @@ pub struct Caller {
 }
 
 mod dev;
+mod principals;
 mod token;
+
+pub use principals::{Principals, require_caller};
 
 pub use dev::{DEV_KID, DevSigner, generate_dev_keyset};
 pub use token::{
@@ -39,7 +53,7 @@ impl From<VerifiedIdentity> for Caller {
     }
 }
 
-impl crate::approval_desk::IdentityVerifier for TokenVerifier {
+impl IdentityVerifier for TokenVerifier {
     fn verify(&self, token: &str, now_unix_seconds: i64) -> Result<Caller, &'static str> {
         Self::verify(self, token, now_unix_seconds)
             .map(Caller::from)

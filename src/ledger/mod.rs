@@ -54,6 +54,7 @@
 //!   lease is `operation_in_progress`; a record already settled the same way
 //!   is acknowledged, one settled otherwise is `lease_lost`.
 
+pub mod desk;
 mod transitions;
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::authorizer::Decision;
+use crate::decision::Decision;
 use crate::identity::Caller;
 use crate::policy::SourceDiagnostic;
 use crate::tools::source::{Position, first_duplicate_key, locate};

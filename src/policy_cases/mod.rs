@@ -22,15 +22,15 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-
 use self::format::{CallCase, CaseFile, DecideApprovalCase, Expectation, Question};
-use crate::approval_desk::approver_refusal;
+use crate::approvals::desk::approver_refusal;
 use crate::approvals::{self, ApprovalRecord, ApprovalStatus, NewApproval};
-use crate::authorizer::{AuthorizeInput, AuthorizerConfig, Decision, ToolCallAuthorizer};
+use crate::audit::AuditSink;
 use crate::clock::{Clock, SystemClock};
-use crate::policy::{LoadErrors, PolicyDecision, PolicyEngine, SourceDiagnostic};
-use crate::store::{ApprovalDecision, SqliteStore, Store};
+use crate::config::{Config, Overrides};
+use crate::decision::{AuthorizeInput, Decision};
+use crate::policy::{LoadErrors, PolicyDecision, PolicyEngine, PolicyReloader, SourceDiagnostic};
+use crate::store::{ApprovalDecision, Store};
 
 /// The answer a case got, in the terms of its expectation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,8 +172,9 @@ impl TestReport {
 /// [`LoadErrors`] when the policy set itself does not load (as `toolgate
 /// check` reports them).
 pub async fn run(dir: &Path) -> Result<TestReport, LoadErrors> {
-    let engine = Arc::new(ArcSwap::from_pointee(PolicyEngine::load(dir)?));
-    let live = engine.load_full();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let policies = Arc::new(PolicyReloader::load(dir, Arc::clone(&clock))?);
+    let live = policies.live().load_full();
     let mut report = TestReport {
         results: Vec::new(),
         invalid_files: Vec::new(),
@@ -183,7 +184,7 @@ pub async fn run(dir: &Path) -> Result<TestReport, LoadErrors> {
     for (path, file) in case_files(&dir.join("tests"), &mut report.invalid_files) {
         for case in file.cases {
             let actual = match &case.question {
-                Question::Call(call) => decide_call(&engine, call).await,
+                Question::Call(call) => decide_call(dir, &clock, &policies, call).await,
                 Question::DecideApproval(d) => decide_approval(&live, d),
             };
             let result = CaseResult {
@@ -241,19 +242,30 @@ fn case_files(tests: &Path, invalid: &mut Vec<SourceDiagnostic>) -> Vec<(PathBuf
     files
 }
 
-/// One call through the pipeline, on a fresh in-memory store.
-async fn decide_call(engine: &Arc<ArcSwap<PolicyEngine>>, call: &CallCase) -> Actual {
-    let store: Arc<dyn Store> = match SqliteStore::open(Path::new(":memory:")) {
-        Ok(s) => Arc::new(s),
-        Err(e) => return refused(format!("cannot open an in-memory store: {e}")),
+/// One call through the pipeline, on a fresh in-memory store: the
+/// sidecar's own wiring ([`crate::server::assemble`]) with nothing audited.
+async fn decide_call(
+    dir: &Path,
+    clock: &Arc<dyn Clock>,
+    policies: &Arc<PolicyReloader>,
+    call: &CallCase,
+) -> Actual {
+    let config = Config::with_defaults(Overrides {
+        policies: Some(dir.to_path_buf()),
+        store: Some(":memory:".to_owned()),
+        ..Overrides::default()
+    });
+    let mut config = match config {
+        Ok(c) => c,
+        Err(e) => return refused(format!("cannot configure the pipeline: {e}")),
     };
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let authorizer = ToolCallAuthorizer::new(
-        Arc::clone(engine),
-        Arc::clone(&store),
-        Arc::clone(&clock),
-        AuthorizerConfig::default(),
-    );
+    config.audit.sink = AuditSink::Discard;
+    let services =
+        match crate::server::assemble(&config, Arc::clone(clock), Arc::clone(policies)).await {
+            Ok(s) => s,
+            Err(e) => return refused(format!("cannot wire the pipeline: {e}")),
+        };
+    let (authorizer, store) = (&services.authorizer, &services.store);
     let mut input = AuthorizeInput {
         tool: call.tool.clone(),
         arguments: call.arguments.clone().into_bytes(),
@@ -272,7 +284,7 @@ async fn decide_call(engine: &Arc<ArcSwap<PolicyEngine>>, call: &CallCase) -> Ac
         && let Ok(outcome) = &first
         && !outcome.arguments_sha256.is_empty()
     {
-        match grant(&engine.load_full(), &*store, &*clock, call, outcome).await {
+        match grant(&authorizer.engine(), &**store, &**clock, call, outcome).await {
             Ok(approval_id) => input.approval_id = approval_id,
             Err(e) => return refused(e),
         }
@@ -288,7 +300,7 @@ async fn grant(
     store: &dyn Store,
     clock: &dyn Clock,
     call: &CallCase,
-    outcome: &crate::authorizer::AuthorizeOutcome,
+    outcome: &crate::decision::AuthorizeOutcome,
 ) -> Result<String, String> {
     let tool = engine
         .tools()
@@ -336,7 +348,7 @@ async fn grant(
 }
 
 fn actual(
-    outcome: Result<crate::authorizer::AuthorizeOutcome, crate::authorizer::ExecutorError>,
+    outcome: Result<crate::decision::AuthorizeOutcome, crate::envelope::ExecutorError>,
 ) -> Actual {
     match outcome {
         Ok(o) => Actual {

@@ -15,7 +15,7 @@ use toolgate::grpc::pb::approval_service_client::ApprovalServiceClient;
 use toolgate::grpc::pb::{self, Decision};
 
 use crate::support::{
-    Setup, TestServer, agent_bob, code, details, request, series, signed, token, unix_now,
+    TestServer, agent_bob, code, details, request, series, signed, token, unix_now,
 };
 
 const SECRET: &str = "SECRET-4111-1111-1111-1111";
@@ -59,13 +59,12 @@ fn audit_lines(path: &std::path::Path) -> Vec<Value> {
 async fn audited_server() -> (tempfile::TempDir, std::path::PathBuf, TestServer) {
     let dir = tempfile::tempdir().unwrap();
     let audit_path = dir.path().join("audit.jsonl");
-    let server = TestServer::start_setup(Setup {
-        audit: Some(AuditConfig {
+    let server = TestServer::start_setup(|c| {
+        c.audit = AuditConfig {
             sink: AuditSink::File(audit_path.clone()),
             ..AuditConfig::default()
-        }),
-        require_identity_token: true,
-        ..Setup::default()
+        };
+        c.require_identity_token = true;
     })
     .await;
     (dir, audit_path, server)
@@ -224,11 +223,7 @@ async fn the_audit_log_has_one_event_per_decision_and_no_secrets() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_required_tokens_the_principal_comes_from_the_token() {
-    let server = TestServer::start_setup(Setup {
-        require_identity_token: true,
-        ..Setup::default()
-    })
-    .await;
+    let server = TestServer::start_setup(|c| c.require_identity_token = true).await;
     let mut client = server.client().await;
     let small = refund(2500);
     let ask = |auth: pb::AuthContext| {
@@ -284,8 +279,8 @@ async fn rate_limits_answer_rate_limited_with_retry_after() {
     use std::num::NonZeroU32;
     use toolgate::ratelimit::{Limit, RateLimitConfig};
     let nz = |n| NonZeroU32::new(n).unwrap();
-    let server = TestServer::start_setup(Setup {
-        rate_limits: RateLimitConfig {
+    let server = TestServer::start_setup(|c| {
+        c.rate_limits = RateLimitConfig {
             tenant: Some(Limit {
                 calls: nz(1000),
                 period: Duration::from_secs(1),
@@ -300,8 +295,7 @@ async fn rate_limits_answer_rate_limited_with_retry_after() {
                 },
             )]
             .into(),
-        },
-        ..Setup::default()
+        };
     })
     .await;
     let mut client = server.client().await;
@@ -356,7 +350,7 @@ async fn rate_limits_answer_rate_limited_with_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_metrics_endpoint_counts_exactly_what_happened() {
     let server = TestServer::start().await;
-    let endpoint = server.metrics_endpoint().await;
+    let endpoint = server.metrics_endpoint();
     let allow = r#"toolgate_decisions_total{tool="refund_order",decision="allow",code=""}"#;
     let violation =
         r#"toolgate_decisions_total{tool="refund_order",decision="deny",code="schema_violation"}"#;
@@ -423,7 +417,6 @@ async fn the_metrics_endpoint_counts_exactly_what_happened() {
         "{after}"
     );
     assert!(!after.contains("transfer_all_funds"), "{after}");
-    endpoint.stop().await;
     server.stop().await;
 }
 
@@ -448,7 +441,7 @@ fn ledger_series(operation: &str, tool: &str, outcome: &str, state: &str) -> Str
 async fn every_ledger_transition_is_audited_and_counted() {
     use toolgate::grpc::pb::{BeginOutcome, CompletionStatus, ExecutionState};
     let (_dir, audit_path, server) = audited_server().await;
-    let endpoint = server.metrics_endpoint().await;
+    let endpoint = server.metrics_endpoint();
     let before = endpoint.scrape().await;
     let mut client = server.client().await;
     let mut ledger = server.ledger().await;
@@ -805,6 +798,5 @@ async fn every_ledger_transition_is_audited_and_counted() {
         .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
         .sum();
     assert_eq!(total, 9, "one count per ledger call:\n{after}");
-    endpoint.stop().await;
     server.stop().await;
 }

@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 use tonic::Code;
 use tonic_types::StatusExt;
 
-use toolgate::authorizer::AuthorizerConfig;
+use toolgate::decision::AuthorizerConfig;
 use toolgate::decode::Limits;
 use toolgate::grpc::pb::{self, Decision};
 

@@ -13,14 +13,14 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic_types::StatusExt;
 
 use toolgate::access::{AccessPolicy, CallerPattern, Grant, ServiceName};
+use toolgate::config::{ListenAddr, TlsFiles};
 use toolgate::grpc::pb::approval_service_client::ApprovalServiceClient;
 use toolgate::grpc::pb::authorization_service_client::AuthorizationServiceClient;
 use toolgate::grpc::pb::ledger_service_client::LedgerServiceClient;
 use toolgate::grpc::pb::policy_service_client::PolicyServiceClient;
 use toolgate::grpc::pb::{self, Decision};
-use toolgate::grpc::{ServeOptions, TlsPem};
 
-use crate::support::{Setup, TestServer, agent_bob, request, token};
+use crate::support::{TestServer, agent_bob, request, token};
 
 const SMALL_REFUND: &str =
     r#"{"order_id":"ord_1001","amount_cents":2500,"currency":"USD","reason":"late"}"#;
@@ -88,16 +88,12 @@ async fn a_unix_socket_is_owner_only_and_its_peer_uid_is_granted_services() {
     let path = dir.path().join("toolgate.sock");
     // A stale socket from a crashed run is replaced.
     drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
-    let server = TestServer::start_setup(Setup {
-        unix_socket: Some(path.clone()),
-        serve: ServeOptions {
-            access: AccessPolicy::Grants(vec![grant(
-                &format!("uid:{uid}"),
-                &[ServiceName::Authorization, ServiceName::Ledger],
-            )]),
-            ..ServeOptions::default()
-        },
-        ..Setup::default()
+    let server = TestServer::start_setup(|c| {
+        c.listen = ListenAddr::Unix(path.clone());
+        c.access = AccessPolicy::Grants(vec![grant(
+            &format!("uid:{uid}"),
+            &[ServiceName::Authorization, ServiceName::Ledger],
+        )]);
     })
     .await;
     let mode = std::fs::metadata(&path).unwrap().permissions().mode();
@@ -204,24 +200,28 @@ async fn mutual_tls_maps_certificates_to_grants() {
     let stranger = Pki::new("someone else's CA");
     let untrusted = stranger.issue("executor", &[], &["spiffe://acme/executor"], false);
 
-    let server = TestServer::start_setup(Setup {
-        serve: ServeOptions {
-            access: AccessPolicy::Grants(vec![
-                grant(
-                    "san:spiffe://acme/executor",
-                    &[ServiceName::Authorization, ServiceName::Ledger],
-                ),
-                grant("cn:approval-ui", &[ServiceName::Approvals]),
-                grant("cn:toolgate-operator", &[ServiceName::Policy]),
-            ]),
-            tls: Some(TlsPem {
-                cert: server_cert.into_bytes(),
-                key: server_key.into_bytes(),
-                client_ca: Some(pki.ca_pem.clone().into_bytes()),
-            }),
-            ..ServeOptions::default()
-        },
-        ..Setup::default()
+    // The server reads its TLS identity and client CA from files, as configured.
+    let pem = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = pem.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let tls = TlsFiles {
+        cert: write("server.pem", &server_cert),
+        key: write("server.key", &server_key),
+        client_ca: Some(write("ca.pem", &pki.ca_pem)),
+    };
+    let server = TestServer::start_setup(|c| {
+        c.access = AccessPolicy::Grants(vec![
+            grant(
+                "san:spiffe://acme/executor",
+                &[ServiceName::Authorization, ServiceName::Ledger],
+            ),
+            grant("cn:approval-ui", &[ServiceName::Approvals]),
+            grant("cn:toolgate-operator", &[ServiceName::Policy]),
+        ]);
+        c.tls = Some(tls);
     })
     .await;
 

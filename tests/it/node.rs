@@ -10,9 +10,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use toolgate::grpc::ServeOptions;
-
-use crate::support::{Setup, TestServer, token};
+use crate::support::{TestServer, token};
 
 const WEB_ORIGIN: &str = "https://approvals.acme.test";
 
@@ -48,14 +46,7 @@ async fn the_node_clients_run_the_refund_flow_and_grpc_web() {
     let Some(node) = node(&client_dir) else {
         return;
     };
-    let server = TestServer::start_setup(Setup {
-        serve: ServeOptions {
-            cors_origins: vec![WEB_ORIGIN.to_owned()],
-            ..ServeOptions::default()
-        },
-        ..Setup::default()
-    })
-    .await;
+    let server = TestServer::start_setup(|c| c.cors_origins = vec![WEB_ORIGIN.to_owned()]).await;
     let dir = tempfile::tempdir().unwrap();
     let descriptors = dir.path().join("toolgate.binpb");
     std::fs::write(&descriptors, toolgate::grpc::pb::FILE_DESCRIPTOR_SET).unwrap();

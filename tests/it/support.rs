@@ -8,15 +8,17 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
-use toolgate::authorizer::{AuthorizerConfig, ToolCallAuthorizer};
+use toolgate::audit::AuditSink;
 use toolgate::clock::SystemClock;
+use toolgate::config::{Config, Overrides};
+use toolgate::decision::AuthorizerConfig;
 use toolgate::grpc::pb;
 use toolgate::grpc::pb::authorization_service_client::AuthorizationServiceClient;
 use toolgate::grpc::pb::ledger_service_client::LedgerServiceClient;
 use toolgate::ledger::LedgerConfig;
 use toolgate::policy::{PolicyReloader, ReloadTriggers};
+use toolgate::server;
 use toolgate::store::scratch::{self, ScratchSchema};
-use toolgate::store::{PostgresStore, SqliteStore, StoreSettings};
 
 /// The example deployment shipped in `policies/`.
 pub fn example_policies() -> PathBuf {
@@ -49,18 +51,6 @@ pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/it/fixtures")
         .join(name)
-}
-
-/// What a test server runs with beyond the defaults.
-#[derive(Default)]
-pub struct Setup {
-    pub serve: toolgate::grpc::ServeOptions,
-    /// The audit log; `None` records nothing.
-    pub audit: Option<toolgate::audit::AuditConfig>,
-    pub rate_limits: toolgate::ratelimit::RateLimitConfig,
-    pub require_identity_token: bool,
-    /// A Unix socket to listen on instead of `127.0.0.1:0`.
-    pub unix_socket: Option<PathBuf>,
 }
 
 /// Which store a test server runs on.
@@ -135,9 +125,34 @@ pub struct TestServer {
     _schema: Option<ScratchSchema>,
     /// The server's live policy set and its reloads.
     pub policies: Arc<PolicyReloader>,
+    metrics_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
+}
+
+/// The configuration every test server starts from: the example policies,
+/// a fresh SQLite file in `dir`, `127.0.0.1:0` for the API and the metrics,
+/// the test key set, no reloads, the audit log discarded (tests that read
+/// it name a file), and the sweeps and the store probe every 200 ms.
+pub fn test_config(dir: &Path) -> Config {
+    let mut config = Config::with_defaults(Overrides {
+        policies: Some(example_policies()),
+        listen: Some("127.0.0.1:0".into()),
+        store: Some(format!("sqlite://{}", dir.join("toolgate.db").display())),
+        jwks_file: Some(fixture("keys/jwks.json")),
+        issuer: Some("https://idp.test".into()),
+        audience: Some("toolgate".into()),
+        metrics_listen: Some("127.0.0.1:0".into()),
+    })
+    .unwrap();
+    config.verifier.leeway_seconds = 5;
+    config.reload = ReloadTriggers::NONE;
+    config.audit.sink = AuditSink::Discard;
+    config.ledger = test_ledger_config();
+    config.approval_expiry_interval = Duration::from_millis(200);
+    config.store_settings.health_interval = Duration::from_millis(200);
+    config
 }
 
 impl TestServer {
@@ -147,26 +162,14 @@ impl TestServer {
 
     /// The example deployment on `backend`.
     pub async fn start_on(backend: Backend) -> Self {
-        Self::start_full(
-            backend,
-            &example_policies(),
-            AuthorizerConfig::default(),
-            Arc::new(SystemClock),
-            test_ledger_config(),
-            ReloadTriggers::NONE,
-        )
-        .await
+        Self::configured(backend, Arc::new(SystemClock), |_| {}).await
     }
 
-    pub async fn start_with(policies: &Path, config: AuthorizerConfig) -> Self {
-        Self::start_full(
-            Backend::Sqlite,
-            policies,
-            config,
-            Arc::new(SystemClock),
-            test_ledger_config(),
-            ReloadTriggers::NONE,
-        )
+    pub async fn start_with(policies: &Path, authorizer: AuthorizerConfig) -> Self {
+        Self::configured(Backend::Sqlite, Arc::new(SystemClock), |c| {
+            c.policies = policies.to_path_buf();
+            c.authorizer = authorizer;
+        })
         .await
     }
 
@@ -174,18 +177,13 @@ impl TestServer {
     /// changes have been quiet for 50 ms (no SIGHUP: that would be the
     /// whole test process's).
     pub async fn start_reloading(policies: &Path) -> Self {
-        let triggers = ReloadTriggers {
-            watch: Some(Duration::from_millis(50)),
-            sighup: false,
-        };
-        Self::start_full(
-            Backend::Sqlite,
-            policies,
-            AuthorizerConfig::default(),
-            Arc::new(SystemClock),
-            test_ledger_config(),
-            triggers,
-        )
+        Self::configured(Backend::Sqlite, Arc::new(SystemClock), |c| {
+            c.policies = policies.to_path_buf();
+            c.reload = ReloadTriggers {
+                watch: Some(Duration::from_millis(50)),
+                sighup: false,
+            };
+        })
         .await
     }
 
@@ -199,7 +197,7 @@ impl TestServer {
         backend: Backend,
         clock: toolgate::clock::ManualClock,
     ) -> Self {
-        Self::start_with_ledger_on(backend, clock, test_ledger_config()).await
+        Self::configured(backend, Arc::new(clock), |_| {}).await
     }
 
     /// A server on `backend`, an injected clock and these ledger settings.
@@ -208,154 +206,51 @@ impl TestServer {
         clock: toolgate::clock::ManualClock,
         ledger: LedgerConfig,
     ) -> Self {
-        Self::start_full(
-            backend,
-            &example_policies(),
-            AuthorizerConfig::default(),
-            Arc::new(clock),
-            ledger,
-            ReloadTriggers::NONE,
-        )
-        .await
+        Self::configured(backend, Arc::new(clock), |c| c.ledger = ledger).await
     }
 
-    /// A server with listeners, grants, audit, limits or identity set up.
-    pub async fn start_setup(setup: Setup) -> Self {
-        Self::start_configured(
-            Backend::Sqlite,
-            &example_policies(),
-            AuthorizerConfig::default(),
-            Arc::new(SystemClock),
-            test_ledger_config(),
-            ReloadTriggers::NONE,
-            setup,
-        )
-        .await
+    /// A server on SQLite whose [`test_config`] `edit` changes (listeners,
+    /// grants, TLS, audit, limits, identity).
+    pub async fn start_setup(edit: impl FnOnce(&mut Config)) -> Self {
+        Self::configured(Backend::Sqlite, Arc::new(SystemClock), edit).await
     }
 
-    async fn start_full(
+    /// The sidecar of [`test_config`] as `edit` leaves it, on `backend` and
+    /// `clock`, built and served by `toolgate::server` exactly as `toolgate
+    /// serve` builds and serves it.
+    pub async fn configured(
         backend: Backend,
-        policies: &Path,
-        config: AuthorizerConfig,
         clock: Arc<dyn toolgate::clock::Clock>,
-        ledger: LedgerConfig,
-        reload: ReloadTriggers,
-    ) -> Self {
-        Self::start_configured(
-            backend,
-            policies,
-            config,
-            clock,
-            ledger,
-            reload,
-            Setup::default(),
-        )
-        .await
-    }
-
-    async fn start_configured(
-        backend: Backend,
-        policies: &Path,
-        config: AuthorizerConfig,
-        clock: Arc<dyn toolgate::clock::Clock>,
-        ledger: LedgerConfig,
-        reload: ReloadTriggers,
-        setup: Setup,
+        edit: impl FnOnce(&mut Config),
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let db_path = dir.path().join("toolgate.db");
-        let reloader = Arc::new(
-            PolicyReloader::load(policies, Arc::clone(&clock)).unwrap_or_else(|e| panic!("{e:?}")),
-        );
-        let (store, schema): (Arc<dyn toolgate::store::Store>, _) = match backend {
-            Backend::Sqlite => (Arc::new(SqliteStore::open(&db_path).unwrap()), None),
+        let mut config = test_config(dir.path());
+        let schema = match backend {
+            Backend::Sqlite => None,
             Backend::Postgres => {
                 let schema = ScratchSchema::create(&scratch::test_url()).await.unwrap();
-                let store = PostgresStore::connect(schema.url(), StoreSettings::default())
-                    .await
-                    .unwrap();
-                (Arc::new(store), Some(schema))
+                config.store = schema.url().to_owned();
+                Some(schema)
             }
         };
-        let (limits, violation_cap) = (config.limits, config.violation_cap);
-        let engine = reloader.live();
-        let metrics = Arc::clone(&setup.serve.metrics);
-        let audit = Arc::new(match &setup.audit {
-            Some(c) => toolgate::audit::Audit::start(c, Arc::clone(&metrics)).unwrap(),
-            None => toolgate::audit::Audit::disabled(),
-        });
-        let events = Arc::new(
-            toolgate::approvals::ApprovalEvents::default().with_metrics(Arc::clone(&metrics)),
+        edit(&mut config);
+        let services = server::build(&config, clock)
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let listeners = server::Listeners::bind(&config).await.unwrap();
+        let addr = listeners
+            .api_addr()
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let metrics_addr = listeners.metrics_addr().expect("the test metrics listener");
+        let (metrics, audit, policies) = (
+            Arc::clone(&services.metrics),
+            Arc::clone(&services.audit),
+            Arc::clone(&services.policies),
         );
-        let principals = toolgate::authorizer::Principals::new(
-            Some(test_verifier()),
-            setup.require_identity_token,
-        );
-        let authorizer = Arc::new(
-            ToolCallAuthorizer::new(
-                Arc::clone(&engine),
-                store.clone(),
-                Arc::clone(&clock),
-                config,
-            )
-            .with_events(Arc::clone(&events))
-            .with_audit(Arc::clone(&audit))
-            .with_metrics(Arc::clone(&metrics))
-            .with_rate_limits(Arc::new(toolgate::ratelimit::RateLimits::new(
-                &setup.rate_limits,
-            )))
-            .with_principals(principals.clone()),
-        );
-        let ledger = Arc::new(
-            toolgate::ledger_desk::LedgerDesk::new(
-                Arc::clone(&engine),
-                store.clone(),
-                Arc::clone(&clock),
-                ledger,
-                limits,
-                violation_cap,
-            )
-            .with_principals(principals)
-            .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
-        );
-        let desk = Arc::new(
-            toolgate::approval_desk::ApprovalDesk::new(
-                engine,
-                Arc::clone(&store),
-                clock,
-                Some(test_verifier()),
-                events,
-            )
-            .with_observers(Arc::clone(&audit), Arc::clone(&metrics)),
-        );
-        let services = toolgate::grpc::Services {
-            authorizer,
-            desk,
-            expiry_interval: Duration::from_millis(200),
-            ledger,
-            policies: Arc::clone(&reloader),
-            reload,
-            store,
-            store_probe_interval: Duration::from_millis(200),
-        };
-        let (listener, addr): (toolgate::grpc::Listener, SocketAddr) = match setup.unix_socket {
-            Some(path) => (
-                toolgate::grpc::Listener::Unix {
-                    listener: toolgate::grpc::bind_unix(&path, 0o600).unwrap(),
-                    path,
-                },
-                SocketAddr::from(([0, 0, 0, 0], 0)),
-            ),
-            None => {
-                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                let addr = l.local_addr().unwrap();
-                (l.into(), addr)
-            }
-        };
         let (stop, stopped) = oneshot::channel::<()>();
-        let options = setup.serve;
         let task = tokio::spawn(async move {
-            toolgate::grpc::serve_with(listener, services, options, async {
+            server::serve(services, listeners, &config, async {
                 let _ = stopped.await;
             })
             .await
@@ -367,7 +262,8 @@ impl TestServer {
             audit,
             db_path,
             _schema: schema,
-            policies: reloader,
+            policies,
+            metrics_addr,
             stop: Some(stop),
             task: Some(task),
             _dir: dir,
@@ -386,20 +282,11 @@ impl TestServer {
         AuthorizationServiceClient::new(self.channel().await)
     }
 
-    /// The server's metrics served over HTTP on `127.0.0.1:0`, as `main`
-    /// serves them.
-    pub async fn metrics_endpoint(&self) -> MetricsEndpoint {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(toolgate::metrics::serve(
-            listener,
-            Arc::clone(&self.metrics),
-            async {
-                let _ = stopped.await;
-            },
-        ));
-        MetricsEndpoint { addr, stop, task }
+    /// The server's own metrics endpoint (`metrics_listen`).
+    pub fn metrics_endpoint(&self) -> MetricsEndpoint {
+        MetricsEndpoint {
+            addr: self.metrics_addr,
+        }
     }
 
     pub async fn ledger(&self) -> LedgerServiceClient<Channel> {
@@ -427,21 +314,14 @@ impl Drop for TestServer {
     }
 }
 
-/// A running metrics endpoint; [`MetricsEndpoint::stop`] ends it.
+/// A test server's metrics endpoint; it stops with the server.
 pub struct MetricsEndpoint {
     pub addr: SocketAddr,
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 impl MetricsEndpoint {
     pub async fn scrape(&self) -> String {
         scrape(self.addr).await
-    }
-
-    pub async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task.await.unwrap().unwrap();
     }
 }
 
@@ -452,20 +332,6 @@ pub fn test_ledger_config() -> LedgerConfig {
         collect_interval: Duration::from_millis(100),
         ..LedgerConfig::default()
     }
-}
-
-/// The verifier of the test key set (`tests/it/fixtures/keys/jwks.json`).
-pub fn test_verifier() -> Arc<dyn toolgate::approval_desk::IdentityVerifier> {
-    let config = toolgate::identity::VerifierConfig {
-        issuer: Some("https://idp.test".into()),
-        audience: Some("toolgate".into()),
-        leeway_seconds: 5,
-        claims: toolgate::identity::ClaimNames::default(),
-    };
-    Arc::new(
-        toolgate::identity::TokenVerifier::from_jwks_file(&fixture("keys/jwks.json"), config)
-            .unwrap(),
-    )
 }
 
 /// A real ES256 identity token for an approver, valid for five minutes.

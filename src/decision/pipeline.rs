@@ -9,239 +9,45 @@
 //! envelope or an executor error, never in an allow.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use serde_json::Value;
 
-use crate::approval_desk::IdentityVerifier;
+use super::AuthorizerConfig;
+use super::outcome::{AuthorizeInput, AuthorizeOutcome, Decision};
 use crate::approvals::{
     self, ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval,
 };
-use crate::audit::{Audit, AuditEvent};
+use crate::audit::{Audit, AuditEvent, DecisionAudit};
 use crate::clock::{Clock, UnixMillis};
-use crate::decode::{self, DecodeError, Limits};
-use crate::envelope::{Envelope, ErrorCode};
-use crate::identity::Caller;
+use crate::decode::{self, DecodeError};
+use crate::envelope::{Envelope, ErrorCode, ExecutorError, echo, unknown_tool};
+use crate::identity::{Caller, Principals};
 use crate::metrics::{Metrics, UNKNOWN_TOOL};
 use crate::policy::{DecideError, PolicyDecision, PolicyEngine, ToolCall};
 use crate::ratelimit::{Limited, RateLimits};
 use crate::store::{ApprovalUse, Store};
 use crate::tools::{Risk, ToolContract};
 
-/// How long a model-supplied name may be before it is cut in messages.
-const MAX_ECHO: usize = 64;
-
-/// Settings of the pipeline.
-#[derive(Debug, Clone)]
-pub struct AuthorizerConfig {
-    pub limits: Limits,
-    /// How many schema violations one answer lists.
-    pub violation_cap: usize,
-    /// Time kept back from the caller's deadline for the executor's own work.
-    pub deadline_margin: Duration,
-    /// How long a PENDING approval waits for a human.
-    pub pending_approval_ttl: Duration,
-}
-
-impl Default for AuthorizerConfig {
-    fn default() -> Self {
-        Self {
-            limits: Limits::default(),
-            violation_cap: 20,
-            deadline_margin: Duration::from_millis(50),
-            pending_approval_ttl: Duration::from_secs(3600),
-        }
-    }
-}
-
-/// One call to decide, as the executor sent it.
-#[derive(Debug, Clone, Default)]
-pub struct AuthorizeInput {
-    pub tool: String,
-    pub arguments: Vec<u8>,
-    pub caller: Option<Caller>,
-    pub call_id: String,
-    pub request_id: String,
-    pub approval_id: String,
-    /// When the caller stops waiting, on the monotonic clock.
-    pub deadline: Option<Instant>,
-    pub entities_json: String,
-    pub tool_version: String,
-    /// The executor's identity token (`auth.identity_token`): the principal
-    /// when the deployment requires one. Never logged.
-    pub identity_token: String,
-    /// The transport identity of the connection, for the audit log.
-    pub peer: String,
-}
-
-/// A malformed request from the executor itself (not the model): answered
-/// as a gRPC `INVALID_ARGUMENT`, not as a decision.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid `{field}`: {description}")]
-pub struct ExecutorError {
-    pub field: &'static str,
-    pub description: String,
-}
-
-impl ExecutorError {
-    pub(crate) fn new(field: &'static str, description: impl Into<String>) -> Self {
-        Self {
-            field,
-            description: description.into(),
-        }
-    }
-}
-
-/// The authenticated caller of an executor's request: an auth context with
-/// a subject and a tenant, or the executor's mistake.
-///
-/// # Errors
-/// [`ExecutorError`] on `auth`, `auth.subject_id` or `auth.tenant_id`.
-pub fn require_caller(caller: Option<&Caller>) -> Result<&Caller, ExecutorError> {
-    let caller =
-        caller.ok_or_else(|| ExecutorError::new("auth", "the auth context is required"))?;
-    if caller.subject_id.is_empty() {
-        return Err(ExecutorError::new("auth.subject_id", "must not be empty"));
-    }
-    if caller.tenant_id.is_empty() {
-        return Err(ExecutorError::new("auth.tenant_id", "must not be empty"));
-    }
-    Ok(caller)
-}
-
-/// How the principal of an executor's request is established (DESIGN §1):
-/// the auth context as sent, or — when the deployment requires identity
-/// tokens — the verified token's claims, which the auth context's own
-/// fields must agree with; `agent_id` and `session_id` always come from the
-/// auth context. The one home of this rule, for decisions and the ledger.
-#[derive(Debug, Clone, Default)]
-pub struct Principals {
-    verifier: Option<Arc<dyn IdentityVerifier>>,
-    required: bool,
-}
-
-impl Principals {
-    /// Identity tokens are verified with `verifier`; when `required`, the
-    /// principal comes from them.
-    #[must_use]
-    pub fn new(verifier: Option<Arc<dyn IdentityVerifier>>, required: bool) -> Self {
-        Self { verifier, required }
-    }
-
-    /// The principal of a request whose auth context is `auth`, carrying
-    /// `identity_token`, at `now`. `Ok(Err(_))` is an `unauthorized`
-    /// envelope whose `details.reason` says why (`missing_token`,
-    /// `subject_mismatch`, the token's own failure such as `expired`, …).
-    ///
-    /// # Errors
-    /// [`ExecutorError`] when there is no auth context or, without required
-    /// tokens, it names no subject or tenant.
-    pub fn resolve(
-        &self,
-        auth: Option<&Caller>,
-        identity_token: &str,
-        now: UnixMillis,
-    ) -> Result<Result<Caller, Envelope>, ExecutorError> {
-        if !self.required {
-            return Ok(Ok(require_caller(auth)?.clone()));
-        }
-        let auth =
-            auth.ok_or_else(|| ExecutorError::new("auth", "the auth context is required"))?;
-        let refuse = |reason: &'static str| {
-            Envelope::new(
-                ErrorCode::Unauthorized,
-                "the caller's identity token is missing, invalid, or disagrees with the auth context",
-            )
-            .with("reason", reason)
-        };
-        if identity_token.is_empty() {
-            return Ok(Err(refuse("missing_token")));
-        }
-        let Some(verifier) = &self.verifier else {
-            return Ok(Err(refuse("no_key_set")));
-        };
-        let verified = match verifier.verify(identity_token, now.div_euclid(1000)) {
-            Ok(c) => c,
-            Err(reason) => return Ok(Err(refuse(reason))),
-        };
-        let disagrees = |given: &str, proven: &str| !given.is_empty() && given != proven;
-        fn set(v: &[String]) -> std::collections::BTreeSet<&str> {
-            v.iter().map(String::as_str).collect()
-        }
-        if disagrees(&auth.subject_id, &verified.subject_id) {
-            return Ok(Err(refuse("subject_mismatch")));
-        }
-        if disagrees(&auth.tenant_id, &verified.tenant_id) {
-            return Ok(Err(refuse("tenant_mismatch")));
-        }
-        if !auth.roles.is_empty() && set(&auth.roles) != set(&verified.roles) {
-            return Ok(Err(refuse("roles_mismatch")));
-        }
-        if !auth.scopes.is_empty() && set(&auth.scopes) != set(&verified.scopes) {
-            return Ok(Err(refuse("scopes_mismatch")));
-        }
-        Ok(Ok(Caller {
-            agent_id: auth.agent_id.clone(),
-            session_id: auth.session_id.clone(),
-            ..verified
-        }))
-    }
-}
-
-/// `tool_not_found` for a name the model or executor gave, echoed safely.
-#[must_use]
-pub fn unknown_tool(name: &str) -> Envelope {
-    Envelope::new(
-        ErrorCode::ToolNotFound,
-        format!("unknown tool `{}`", echo(name)),
-    )
-    .with("tool", echo(name))
-}
-
-/// The three answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    Allow,
-    Deny,
-    ApprovalRequired,
-}
-
-impl Decision {
-    /// Lowercase name for logs.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Allow => "allow",
-            Self::Deny => "deny",
-            Self::ApprovalRequired => "approval_required",
-        }
-    }
-}
-
-/// Everything the executor needs to run (or not run) the call.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AuthorizeOutcome {
-    pub decision: Decision,
-    pub decision_id: String,
-    pub call_id: String,
-    pub normalized_arguments: String,
-    pub arguments_sha256: String,
-    pub idempotency_key: String,
-    pub conflict_key: String,
-    pub risk: Option<Risk>,
-    pub timeout_ms: u64,
-    pub parallel: bool,
-    pub idempotent: bool,
-    pub approval: Option<(String, UnixMillis)>,
-    pub error: Option<Envelope>,
-    pub policy_version: String,
-    pub tool_version: String,
-    /// Determining policy ids: for the audit log, never for the model.
-    pub policies: Vec<String>,
-    /// The principal the call was decided for (`None` when it could not be
-    /// established): what `begin_execution` keys the ledger by.
-    pub principal: Option<Caller>,
+/// Everything a [`ToolCallAuthorizer`] needs; none of it has a default, so
+/// a wiring that forgets the audit log or the metrics does not compile.
+#[derive(Debug)]
+pub(crate) struct AuthorizerParts {
+    pub engine: Arc<ArcSwap<PolicyEngine>>,
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub config: AuthorizerConfig,
+    /// Announces created and consumed approvals.
+    pub events: Arc<ApprovalEvents>,
+    /// Records every decision (fail closed when it cannot).
+    pub audit: Arc<Audit>,
+    /// Counts decisions, rate limits and store errors.
+    pub metrics: Arc<Metrics>,
+    /// Per-tenant and per-tool rate limits.
+    pub limits: Arc<RateLimits>,
+    /// Who each call runs as.
+    pub principals: Principals,
 }
 
 /// The orchestrator of one decision.
@@ -251,7 +57,7 @@ pub struct ToolCallAuthorizer {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     config: AuthorizerConfig,
-    events: Option<Arc<ApprovalEvents>>,
+    events: Arc<ApprovalEvents>,
     audit: Arc<Audit>,
     metrics: Arc<Metrics>,
     limits: Arc<RateLimits>,
@@ -269,61 +75,32 @@ struct Hashed<'a> {
 }
 
 impl ToolCallAuthorizer {
-    /// An authorizer over a live policy engine (swapped atomically on reload).
+    /// An authorizer wired as production wires it (see
+    /// [`crate::server::build`], its one caller outside unit tests).
     #[must_use]
-    pub fn new(
-        engine: Arc<ArcSwap<PolicyEngine>>,
-        store: Arc<dyn Store>,
-        clock: Arc<dyn Clock>,
-        config: AuthorizerConfig,
-    ) -> Self {
+    pub(crate) fn new(parts: AuthorizerParts) -> Self {
+        let AuthorizerParts {
+            engine,
+            store,
+            clock,
+            config,
+            events,
+            audit,
+            metrics,
+            limits,
+            principals,
+        } = parts;
         Self {
             engine,
             store,
             clock,
             config,
-            events: None,
-            audit: Arc::new(Audit::disabled()),
-            metrics: Arc::new(Metrics::default()),
-            limits: Arc::new(RateLimits::default()),
-            principals: Principals::default(),
+            events,
+            audit,
+            metrics,
+            limits,
+            principals,
         }
-    }
-
-    /// Records every decision on `audit` (fail closed when it cannot).
-    #[must_use]
-    pub fn with_audit(mut self, audit: Arc<Audit>) -> Self {
-        self.audit = audit;
-        self
-    }
-
-    /// Counts decisions, rate limits and store errors on `metrics`.
-    #[must_use]
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.metrics = metrics;
-        self
-    }
-
-    /// Applies per-tenant and per-tool rate limits.
-    #[must_use]
-    pub fn with_rate_limits(mut self, limits: Arc<RateLimits>) -> Self {
-        self.limits = limits;
-        self
-    }
-
-    /// Establishes each call's principal with `principals` (by default:
-    /// the auth context as sent).
-    #[must_use]
-    pub fn with_principals(mut self, principals: Principals) -> Self {
-        self.principals = principals;
-        self
-    }
-
-    /// Announces created and consumed approvals on `events`.
-    #[must_use]
-    pub fn with_events(mut self, events: Arc<ApprovalEvents>) -> Self {
-        self.events = Some(events);
-        self
     }
 
     /// The policy engine now live.
@@ -345,7 +122,7 @@ impl ToolCallAuthorizer {
     ) -> Result<AuthorizeOutcome, ExecutorError> {
         let started = Instant::now();
         let mut outcome = self.evaluate(input).await?;
-        let event = AuditEvent::decision(input, &outcome, started.elapsed());
+        let event = AuditEvent::decision(&audited(input, &outcome), started.elapsed());
         if self.audit.record(event).await.is_err() {
             // Fail closed: no decision leaves unaudited. Nothing ran, and a
             // consumed approval stays usable by this same key.
@@ -565,8 +342,8 @@ impl ToolCallAuthorizer {
                         .await
                     {
                         Ok(ApprovalUse::Consumed { first }) => {
-                            if first && let Some(events) = &self.events {
-                                events.publish(
+                            if first {
+                                self.events.publish(
                                     ApprovalEventKind::Consumed,
                                     &record,
                                     Some(&hashed.key),
@@ -609,8 +386,9 @@ impl ToolCallAuthorizer {
                 };
                 match self.store.pending_approval_for_call(new, now).await {
                     Ok((record, created)) => {
-                        if created && let Some(events) = &self.events {
-                            events.publish(ApprovalEventKind::Created, &record, None);
+                        if created {
+                            self.events
+                                .publish(ApprovalEventKind::Created, &record, None);
                         }
                         out.decision = Decision::ApprovalRequired;
                         out.error = Some(
@@ -731,11 +509,24 @@ impl ToolCallAuthorizer {
     }
 }
 
-impl AuthorizeOutcome {
-    fn deny(mut self, envelope: Envelope) -> Self {
-        self.decision = Decision::Deny;
-        self.error = Some(envelope);
-        self
+/// What the audit log keeps of a decision: ids, hashes and the verdict.
+fn audited<'a>(input: &'a AuthorizeInput, outcome: &'a AuthorizeOutcome) -> DecisionAudit<'a> {
+    DecisionAudit {
+        decision_id: &outcome.decision_id,
+        request_id: &input.request_id,
+        call_id: &input.call_id,
+        tool: &input.tool,
+        tool_version: &outcome.tool_version,
+        policy_version: &outcome.policy_version,
+        principal: outcome.principal.as_ref(),
+        peer: &input.peer,
+        idempotency_key: &outcome.idempotency_key,
+        arguments_sha256: &outcome.arguments_sha256,
+        decision: outcome.decision.as_str(),
+        code: outcome.error.as_ref().map_or("", |e| e.code.as_str()),
+        policies: &outcome.policies,
+        approval_created: outcome.approval.as_ref().map(|a| a.0.as_str()),
+        approval_presented: &input.approval_id,
     }
 }
 
@@ -819,114 +610,4 @@ fn parse_entities(text: &str) -> Result<Option<Value>, ExecutorError> {
         ));
     }
     Ok(Some(v))
-}
-
-/// A model-supplied string cut to a length safe to echo.
-fn echo(s: &str) -> String {
-    if s.chars().count() <= MAX_ECHO {
-        s.to_owned()
-    } else {
-        s.chars().take(MAX_ECHO).chain("…".chars()).collect()
-    }
-}
-
-/// One call of a batch, as the scheduler sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScheduleItem {
-    pub allowed: bool,
-    pub conflict_key: String,
-    pub risk: Risk,
-    pub parallel: bool,
-}
-
-/// The wave schedule of one model turn (DESIGN §7, `BatchAuthorize`): only
-/// allowed calls are scheduled; waves run in order, calls in one wave may
-/// run together. Two calls on the same conflict key where either is not
-/// `read` go in different waves, in request order. A call whose tool is not
-/// `parallel` is alone in its wave and, conservatively, a barrier: every
-/// earlier call runs before it and every later one after it.
-#[must_use]
-pub fn schedule(items: &[ScheduleItem]) -> Vec<Vec<usize>> {
-    let mut wave_of: Vec<Option<usize>> = Vec::with_capacity(items.len());
-    let mut waves: Vec<Vec<usize>> = Vec::new();
-    let mut floor = 0usize; // the first wave a new call may join
-    for (i, item) in items.iter().enumerate() {
-        if !item.allowed {
-            wave_of.push(None);
-            continue;
-        }
-        if !item.parallel {
-            let w = waves.len().max(floor);
-            waves.resize_with(w + 1, Vec::new);
-            if let Some(wave) = waves.get_mut(w) {
-                wave.push(i);
-            }
-            wave_of.push(Some(w));
-            floor = w + 1;
-            continue;
-        }
-        let mut w = floor;
-        for (j, earlier) in items.iter().enumerate().take(i) {
-            let Some(Some(wj)) = wave_of.get(j) else {
-                continue;
-            };
-            let conflicts = earlier.conflict_key == item.conflict_key
-                && (earlier.risk != Risk::Read || item.risk != Risk::Read);
-            if conflicts {
-                w = w.max(wj + 1);
-            }
-        }
-        if waves.len() <= w {
-            waves.resize_with(w + 1, Vec::new);
-        }
-        if let Some(wave) = waves.get_mut(w) {
-            wave.push(i);
-        }
-        wave_of.push(Some(w));
-    }
-    waves.retain(|w| !w.is_empty());
-    waves
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn item(allowed: bool, key: &str, risk: Risk, parallel: bool) -> ScheduleItem {
-        ScheduleItem {
-            allowed,
-            conflict_key: key.into(),
-            risk,
-            parallel,
-        }
-    }
-
-    #[test]
-    fn writes_on_one_key_are_ordered_and_reads_share_a_wave() {
-        let items = [
-            item(true, "t:Order:1", Risk::Read, true),
-            item(true, "t:Order:1", Risk::Read, true),
-            item(true, "t:Order:1", Risk::Write, true),
-            item(true, "t:Order:2", Risk::Write, true),
-            item(false, "t:Order:2", Risk::Write, true),
-            item(true, "t:Order:1", Risk::Read, true),
-        ];
-        assert_eq!(schedule(&items), vec![vec![0, 1, 3], vec![2], vec![5]]);
-    }
-
-    #[test]
-    fn a_non_parallel_call_is_alone_and_a_barrier() {
-        let items = [
-            item(true, "a", Risk::Read, true),
-            item(true, "b", Risk::External, false),
-            item(true, "c", Risk::Read, true),
-            item(true, "d", Risk::Read, true),
-        ];
-        assert_eq!(schedule(&items), vec![vec![0], vec![1], vec![2, 3]]);
-    }
-
-    #[test]
-    fn nothing_allowed_means_no_waves() {
-        assert!(schedule(&[item(false, "a", Risk::Read, true)]).is_empty());
-    }
 }

@@ -24,11 +24,11 @@ use arc_swap::ArcSwap;
 use serde_json::Value;
 
 use crate::audit::{Audit, AuditEvent, LedgerAudit};
-use crate::authorizer::{AuthorizeOutcome, Decision, ExecutorError, Principals, unknown_tool};
 use crate::clock::Clock;
+use crate::decision::{AuthorizeOutcome, Decision};
 use crate::decode::{self, Limits};
-use crate::envelope::{Envelope, ErrorCode};
-use crate::identity::Caller;
+use crate::envelope::{Envelope, ErrorCode, ExecutorError, unknown_tool};
+use crate::identity::{Caller, Principals};
 use crate::ledger::{
     Begin, BeginAnswer, Collect, Complete, Completion, ExecutionId, ExecutionRecord,
     ExecutionState, LedgerConfig, OutputSchemas, Reconcile, RecordedError, Settled, Verdict,
@@ -144,6 +144,26 @@ pub struct ReconcileRequest {
     pub result_json: String,
 }
 
+/// Everything a [`LedgerDesk`] needs; none of it has a default.
+#[derive(Debug)]
+pub(crate) struct LedgerParts {
+    /// The live policy engine, for tool contracts.
+    pub engine: Arc<ArcSwap<PolicyEngine>>,
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub config: LedgerConfig,
+    /// Results are decoded under these limits.
+    pub limits: Limits,
+    /// How many output violations one answer lists.
+    pub violation_cap: usize,
+    /// Who each call runs as, as for decisions.
+    pub principals: Principals,
+    /// Records every begin, completion and reconciliation.
+    pub audit: Arc<Audit>,
+    /// Counts them, and store errors.
+    pub metrics: Arc<Metrics>,
+}
+
 /// The ledger desk.
 #[derive(Debug)]
 pub struct LedgerDesk {
@@ -191,18 +211,21 @@ impl<'a> Seen<'a> {
 }
 
 impl LedgerDesk {
-    /// A desk over the live policy engine (for tool contracts). Results are
-    /// decoded under `limits`, and at most `violation_cap` output violations
-    /// are listed.
+    /// A desk wired as production wires it (see [`crate::server`], its
+    /// one caller outside unit tests).
     #[must_use]
-    pub fn new(
-        engine: Arc<ArcSwap<PolicyEngine>>,
-        store: Arc<dyn Store>,
-        clock: Arc<dyn Clock>,
-        config: LedgerConfig,
-        limits: Limits,
-        violation_cap: usize,
-    ) -> Self {
+    pub(crate) fn new(parts: LedgerParts) -> Self {
+        let LedgerParts {
+            engine,
+            store,
+            clock,
+            config,
+            limits,
+            violation_cap,
+            principals,
+            audit,
+            metrics,
+        } = parts;
         Self {
             engine,
             store,
@@ -210,27 +233,10 @@ impl LedgerDesk {
             config,
             limits,
             violation_cap,
-            principals: Principals::default(),
-            audit: Arc::new(Audit::disabled()),
-            metrics: Arc::new(Metrics::default()),
+            principals,
+            audit,
+            metrics,
         }
-    }
-
-    /// Establishes each call's principal with `principals`, as the
-    /// authorizer does (by default: the auth context as sent).
-    #[must_use]
-    pub fn with_principals(mut self, principals: Principals) -> Self {
-        self.principals = principals;
-        self
-    }
-
-    /// Records every begin, completion and reconciliation on `audit`, and
-    /// counts them and store errors on `metrics`.
-    #[must_use]
-    pub fn with_observers(mut self, audit: Arc<Audit>, metrics: Arc<Metrics>) -> Self {
-        self.audit = audit;
-        self.metrics = metrics;
-        self
     }
 
     /// The ledger's settings.

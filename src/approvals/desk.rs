@@ -14,18 +14,10 @@ use crate::approvals::{ApprovalEventKind, ApprovalEvents, ApprovalRecord, Approv
 use crate::audit::{ApprovalAudit, Audit, AuditEvent};
 use crate::clock::{Clock, UnixMillis};
 use crate::envelope::{Envelope, ErrorCode};
-use crate::identity::Caller;
+use crate::identity::{Caller, IdentityVerifier};
 use crate::metrics::Metrics;
 use crate::policy::{DecideError, PolicyDecision, PolicyEngine};
 use crate::store::{ApprovalDecision, DecideOutcome, Store, StoreError};
-
-/// Turns an identity token into the caller it names, or the reason it
-/// cannot (a stable snake_case word).
-pub trait IdentityVerifier: Send + Sync + std::fmt::Debug {
-    /// # Errors
-    /// The reason the token is not acceptable.
-    fn verify(&self, token: &str, now_unix_seconds: i64) -> Result<Caller, &'static str>;
-}
 
 /// The default page size and the most one page may hold.
 const DEFAULT_PAGE: usize = 50;
@@ -34,6 +26,22 @@ const MAX_PAGE: usize = 500;
 /// Why a desk call failed; each maps to one envelope code.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeskError(pub Envelope);
+
+/// Everything an [`ApprovalDesk`] needs; none of it has a default.
+#[derive(Debug)]
+pub(crate) struct ApprovalDeskParts {
+    pub engine: Arc<ArcSwap<PolicyEngine>>,
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    /// Verifies approvers' tokens; `None` refuses every call.
+    pub verifier: Option<Arc<dyn IdentityVerifier>>,
+    /// Where this desk's changes are announced, and watchers subscribe.
+    pub events: Arc<ApprovalEvents>,
+    /// Records every approval decision.
+    pub audit: Arc<Audit>,
+    /// Counts approval decisions and store errors.
+    pub metrics: Arc<Metrics>,
+}
 
 /// The approval desk.
 #[derive(Debug)]
@@ -56,33 +64,29 @@ pub struct ApprovalPage {
 }
 
 impl ApprovalDesk {
-    /// A desk; without a verifier every call is `unauthorized` (fail closed).
+    /// A desk wired as production wires it (see [`crate::server`], its
+    /// one caller outside unit tests); without a verifier every call is
+    /// `unauthorized` (fail closed).
     #[must_use]
-    pub fn new(
-        engine: Arc<ArcSwap<PolicyEngine>>,
-        store: Arc<dyn Store>,
-        clock: Arc<dyn Clock>,
-        verifier: Option<Arc<dyn IdentityVerifier>>,
-        events: Arc<ApprovalEvents>,
-    ) -> Self {
+    pub(crate) fn new(parts: ApprovalDeskParts) -> Self {
+        let ApprovalDeskParts {
+            engine,
+            store,
+            clock,
+            verifier,
+            events,
+            audit,
+            metrics,
+        } = parts;
         Self {
             engine,
             store,
             clock,
             verifier,
             events,
-            audit: Arc::new(Audit::disabled()),
-            metrics: Arc::new(Metrics::default()),
+            audit,
+            metrics,
         }
-    }
-
-    /// Records every approval decision on `audit` and counts it and store
-    /// errors on `metrics`.
-    #[must_use]
-    pub fn with_observers(mut self, audit: Arc<Audit>, metrics: Arc<Metrics>) -> Self {
-        self.audit = audit;
-        self.metrics = metrics;
-        self
     }
 
     /// The events hub watchers subscribe to.

@@ -1,0 +1,284 @@
+//! The audit events (DESIGN §9): what one decision, approval decision or
+//! ledger transition leaves in the log. The builders take input types of
+//! their own, filled in by the desks, and copy only ids, hashes, outcomes
+//! and codes — never raw or display arguments, results, executors' error
+//! messages or tokens.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::identity::Caller;
+
+/// What the audit log keeps of one decision: ids, hashes, the verdict and
+/// its code, the determining policies — the pipeline fills it in, and
+/// nothing else of the call (arguments, tokens) can reach the event.
+#[derive(Debug, Clone, Copy)]
+pub struct DecisionAudit<'a> {
+    pub decision_id: &'a str,
+    pub request_id: &'a str,
+    pub call_id: &'a str,
+    /// The tool name as the executor sent it (cut when echoed).
+    pub tool: &'a str,
+    pub tool_version: &'a str,
+    pub policy_version: &'a str,
+    /// The principal the call ran as, `None` when it was not established.
+    pub principal: Option<&'a Caller>,
+    pub peer: &'a str,
+    pub idempotency_key: &'a str,
+    pub arguments_sha256: &'a str,
+    /// `allow`, `deny` or `approval_required`.
+    pub decision: &'a str,
+    /// The envelope's code, empty for an allow.
+    pub code: &'a str,
+    pub policies: &'a [String],
+    /// The approval the call created, if any.
+    pub approval_created: Option<&'a str>,
+    /// The approval id the executor presented (empty for none).
+    pub approval_presented: &'a str,
+}
+
+/// One audit event: an object of ids, hashes and outcomes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditEvent(Map<String, Value>);
+
+/// Longest model-supplied text (a tool name, an approval id) copied in.
+const MAX_ECHO: usize = 128;
+
+fn echo(s: &str) -> Value {
+    Value::from(s.chars().take(MAX_ECHO).collect::<String>())
+}
+
+/// Tenant, subject, agent and session of a principal, empty when unknown.
+fn principal(c: Option<&Caller>) -> (&str, &str, &str, &str) {
+    c.map_or(("", "", "", ""), |c| {
+        (
+            c.tenant_id.as_str(),
+            c.subject_id.as_str(),
+            c.agent_id.as_str(),
+            c.session_id.as_str(),
+        )
+    })
+}
+
+fn micros(d: Duration) -> Value {
+    Value::from(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+impl AuditEvent {
+    fn new(event: &str) -> Self {
+        let mut m = Map::new();
+        let now = time::OffsetDateTime::now_utc();
+        let ts = now
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        m.insert("time".into(), ts.into());
+        m.insert("event".into(), event.into());
+        Self(m)
+    }
+
+    fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.0.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// The event of one Authorize decision, for the principal it ran as
+    /// (from the auth context, or from the verified identity token when one
+    /// is required); `peer` is the transport identity.
+    #[must_use]
+    pub fn decision(d: &DecisionAudit<'_>, latency: Duration) -> Self {
+        let (tenant, subject, agent, session) = principal(d.principal);
+        // The approval this call created, else the one it presented.
+        let approval_id = d
+            .approval_created
+            .map_or_else(|| echo(d.approval_presented), |a| Value::from(a.to_owned()));
+        Self::new("decision")
+            .with("decision_id", d.decision_id.to_owned())
+            .with("request_id", echo(d.request_id))
+            .with("call_id", echo(d.call_id))
+            .with("tool", echo(d.tool))
+            .with("tool_version", d.tool_version.to_owned())
+            .with("policy_version", d.policy_version.to_owned())
+            .with("tenant", tenant)
+            .with("subject", subject)
+            .with("agent", agent)
+            .with("session", session)
+            .with("peer", d.peer.to_owned())
+            .with("idempotency_key", d.idempotency_key.to_owned())
+            .with("arguments_sha256", d.arguments_sha256.to_owned())
+            .with("decision", d.decision)
+            .with("code", d.code)
+            .with("policies", d.policies.to_vec())
+            .with("approval_id", approval_id)
+            .with("latency_us", micros(latency))
+    }
+
+    /// The event of one DecideApproval call: `outcome` is `approved`,
+    /// `rejected`, or the code it was refused with. `approver` is `None`
+    /// when the token did not verify.
+    #[must_use]
+    pub fn approval_decision(
+        approval: ApprovalAudit<'_>,
+        approver: Option<&Caller>,
+        outcome: &str,
+        latency: Duration,
+    ) -> Self {
+        let (tenant, subject) =
+            approver.map_or(("", ""), |c| (c.tenant_id.as_str(), c.subject_id.as_str()));
+        Self::new("approval_decision")
+            .with("approval_id", echo(approval.approval_id))
+            .with("tenant", tenant)
+            .with("subject", subject)
+            .with("peer", approval.peer.to_owned())
+            .with("verdict", approval.verdict)
+            .with("outcome", outcome)
+            .with(
+                "requester",
+                approval
+                    .record
+                    .map_or("", |r| r.requester_subject_id.as_str()),
+            )
+            .with("agent", approval.record.map_or("", |r| r.agent_id.as_str()))
+            .with("tool", approval.record.map_or("", |r| r.tool.as_str()))
+            .with(
+                "tool_version",
+                approval.record.map_or("", |r| r.tool_version.as_str()),
+            )
+            .with(
+                "request_id",
+                approval.record.map_or("", |r| r.request_id.as_str()),
+            )
+            .with(
+                "arguments_sha256",
+                approval.record.map_or("", |r| r.arguments_sha256.as_str()),
+            )
+            .with("policy_version", approval.policy_version.to_owned())
+            .with("latency_us", micros(latency))
+    }
+
+    /// The event of one ledger call (`event: "ledger"`): who, which
+    /// operation of which tool and arguments, the outcome, the state after,
+    /// the code, the fencing token and the attempt. Never a result, nor an
+    /// error's message or details (an executor may write anything there);
+    /// an executor's own error code is kept only when it looks like one.
+    #[must_use]
+    pub fn ledger(l: &LedgerAudit<'_>, latency: Duration) -> Self {
+        let (tenant, subject, agent, session) = principal(l.principal);
+        Self::new("ledger")
+            .with("operation", l.operation)
+            .with("decision_id", l.decision_id.to_owned())
+            .with("tenant", tenant)
+            .with("subject", subject)
+            .with("agent", agent)
+            .with("session", session)
+            .with("peer", l.peer.to_owned())
+            .with("idempotency_key", echo(l.idempotency_key))
+            .with("arguments_sha256", echo(l.arguments_sha256))
+            .with("tool", echo(l.tool))
+            .with("tool_version", l.tool_version.to_owned())
+            .with("policy_version", l.policy_version.to_owned())
+            .with("reported", l.reported)
+            .with("outcome", l.outcome)
+            .with("state", l.state)
+            .with("code", safe_code(l.code))
+            .with("fencing_token", l.fencing_token)
+            .with("attempt", l.attempt)
+            .with("latency_us", micros(latency))
+    }
+
+    /// A bare event of the given fields, for the queue's own tests.
+    #[cfg(test)]
+    #[must_use]
+    pub fn fields(event: &str, fields: &[(&str, Value)]) -> Self {
+        fields
+            .iter()
+            .fold(Self::new(event), |e, (k, v)| e.with(k, v.clone()))
+    }
+
+    /// The JSON line (without the newline).
+    #[must_use]
+    pub fn into_line(self) -> String {
+        Value::Object(self.0).to_string()
+    }
+}
+
+/// What a ledger event says (see [`AuditEvent::ledger`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LedgerAudit<'a> {
+    /// `begin`, `complete` or `reconcile`.
+    pub operation: &'static str,
+    /// The principal the call ran as, when it could be established.
+    pub principal: Option<&'a Caller>,
+    pub peer: &'a str,
+    /// The decision that began the execution (`Authorize` with
+    /// `begin_execution`), else empty.
+    pub decision_id: &'a str,
+    pub idempotency_key: &'a str,
+    pub arguments_sha256: &'a str,
+    pub tool: &'a str,
+    /// The loaded contract's version of the tool, if it is loaded.
+    pub tool_version: &'a str,
+    pub policy_version: &'a str,
+    /// What the executor reported: a completion's status (`succeeded`,
+    /// `failed_retryable`, `failed_final`, `unknown`) or a reconciliation's
+    /// verdict (`applied`, `not_applied`); empty for a begin.
+    pub reported: &'static str,
+    /// Begin: `acquired`, `in_progress`, `completed`, `reconcile_required`,
+    /// `refused`; complete and reconcile: `ok`, `not_found` or the code.
+    pub outcome: &'a str,
+    /// The record's state after the call, lowercase; empty without a record.
+    pub state: &'static str,
+    /// The answer's error code, empty without one.
+    pub code: &'a str,
+    /// The token the call acquired (begin) or presented (complete); 0 otherwise.
+    pub fencing_token: u64,
+    pub attempt: u32,
+}
+
+/// A code fit for the audit log: one of toolgate's, or an executor's own
+/// code when it is a short identifier; anything else is withheld, since an
+/// executor may put data in it.
+fn safe_code(code: &str) -> Value {
+    let identifier = code.len() <= 64
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+    if crate::envelope::ErrorCode::parse(code).is_some() || identifier {
+        Value::from(code)
+    } else {
+        Value::from("withheld")
+    }
+}
+
+/// What an approval-decision event says about the approval.
+#[derive(Debug, Clone, Copy)]
+pub struct ApprovalAudit<'a> {
+    pub approval_id: &'a str,
+    /// The approval as stored, when it was found.
+    pub record: Option<&'a crate::approvals::ApprovalRecord>,
+    pub verdict: &'a str,
+    pub policy_version: &'a str,
+    pub peer: &'a str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Codes reach the audit log only as identifiers: ours, or an
+    /// executor's that looks like one.
+    #[test]
+    fn executor_codes_are_kept_only_when_they_are_identifiers() {
+        for (code, shown) in [
+            ("lease_lost", "lease_lost"),
+            ("", ""),
+            ("card_declined", "card_declined"),
+            ("payments.v2:DECLINED-51", "payments.v2:DECLINED-51"),
+            ("card 4111 1111 declined", "withheld"),
+            ("{\"pan\":\"4111\"}", "withheld"),
+        ] {
+            assert_eq!(safe_code(code), Value::from(shown), "{code}");
+        }
+        assert_eq!(safe_code(&"x".repeat(65)), Value::from("withheld"));
+    }
+}

@@ -1,0 +1,42 @@
+//! One decision: the pipeline of DESIGN §2 ([`ToolCallAuthorizer`]), what
+//! it takes and gives ([`AuthorizeInput`], [`AuthorizeOutcome`]), and the
+//! wave schedule of a batch ([`schedule`]).
+//!
+//! `pipeline` does IO through the store and the audit log; `outcome` and
+//! `schedule` are plain data and rules. None of it knows of gRPC or SQL.
+
+mod outcome;
+mod pipeline;
+mod schedule;
+
+use std::time::Duration;
+
+use crate::decode::Limits;
+
+pub use outcome::{AuthorizeInput, AuthorizeOutcome, Decision};
+pub(crate) use pipeline::AuthorizerParts;
+pub use pipeline::ToolCallAuthorizer;
+pub use schedule::{ScheduleItem, schedule};
+
+/// Settings of the pipeline.
+#[derive(Debug, Clone)]
+pub struct AuthorizerConfig {
+    pub limits: Limits,
+    /// How many schema violations one answer lists.
+    pub violation_cap: usize,
+    /// Time kept back from the caller's deadline for the executor's own work.
+    pub deadline_margin: Duration,
+    /// How long a PENDING approval waits for a human.
+    pub pending_approval_ttl: Duration,
+}
+
+impl Default for AuthorizerConfig {
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            violation_cap: 20,
+            deadline_margin: Duration::from_millis(50),
+            pending_approval_ttl: Duration::from_secs(3600),
+        }
+    }
+}

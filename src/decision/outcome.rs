@@ -1,0 +1,82 @@
+//! What one decision takes in and gives out: the executor's call as sent,
+//! the three answers, and everything the executor needs to run the call.
+
+use std::time::Instant;
+
+use crate::clock::UnixMillis;
+use crate::envelope::Envelope;
+use crate::identity::Caller;
+use crate::tools::Risk;
+
+/// One call to decide, as the executor sent it.
+#[derive(Debug, Clone, Default)]
+pub struct AuthorizeInput {
+    pub tool: String,
+    pub arguments: Vec<u8>,
+    pub caller: Option<Caller>,
+    pub call_id: String,
+    pub request_id: String,
+    pub approval_id: String,
+    /// When the caller stops waiting, on the monotonic clock.
+    pub deadline: Option<Instant>,
+    pub entities_json: String,
+    pub tool_version: String,
+    /// The executor's identity token (`auth.identity_token`): the principal
+    /// when the deployment requires one. Never logged.
+    pub identity_token: String,
+    /// The transport identity of the connection, for the audit log.
+    pub peer: String,
+}
+
+/// The three answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    Deny,
+    ApprovalRequired,
+}
+
+impl Decision {
+    /// Lowercase name for logs.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+            Self::ApprovalRequired => "approval_required",
+        }
+    }
+}
+
+/// Everything the executor needs to run (or not run) the call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuthorizeOutcome {
+    pub decision: Decision,
+    pub decision_id: String,
+    pub call_id: String,
+    pub normalized_arguments: String,
+    pub arguments_sha256: String,
+    pub idempotency_key: String,
+    pub conflict_key: String,
+    pub risk: Option<Risk>,
+    pub timeout_ms: u64,
+    pub parallel: bool,
+    pub idempotent: bool,
+    pub approval: Option<(String, UnixMillis)>,
+    pub error: Option<Envelope>,
+    pub policy_version: String,
+    pub tool_version: String,
+    /// Determining policy ids: for the audit log, never for the model.
+    pub policies: Vec<String>,
+    /// The principal the call was decided for (`None` when it could not be
+    /// established): what `begin_execution` keys the ledger by.
+    pub principal: Option<Caller>,
+}
+
+impl AuthorizeOutcome {
+    pub(crate) fn deny(mut self, envelope: Envelope) -> Self {
+        self.decision = Decision::Deny;
+        self.error = Some(envelope);
+        self
+    }
+}
