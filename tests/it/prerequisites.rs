@@ -12,10 +12,14 @@
 //! harness hides a passing test's stderr. Under `CI=true` nothing skips,
 //! whatever else is set. The lib's unit tests keep the same rule in
 //! `src/conformance.rs`; the tests of both pin it.
+//!
+//! The tests at the end check `scripts/test.sh`'s own check of these, which
+//! runs before it builds anything.
 
 use std::io::Write;
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// Set to `1`, lets a test whose prerequisite is missing skip (recorded)
 /// instead of failing; ignored under `CI=true`.
@@ -180,4 +184,127 @@ fn a_test_is_named_after_its_thread() {
         current_test(),
         "prerequisites::a_test_is_named_after_its_thread"
     );
+}
+
+/// Whether the PostgreSQL client tools the script probes with are here.
+fn postgres_client_tools() -> bool {
+    let here = ["pg_isready", "psql"].iter().all(|tool| {
+        Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if !here {
+        skip_or_fail(
+            "the PostgreSQL client tools (pg_isready, psql) are not on PATH",
+            "install them (Debian: apt-get install postgresql-client)",
+        );
+    }
+    here
+}
+
+/// A loopback port where nothing listens: bound, then released.
+fn dead_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// `scripts/test.sh --prerequisites-only` with the PostgreSQL URL on
+/// `port` and `CI` as given (never the caller's), and its exit code, its
+/// output and how long it took.
+fn check_prerequisites(port: u16, ci: Option<&str>, allow_skips: bool) -> (i32, String, Duration) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cmd = Command::new("bash");
+    cmd.arg(root.join("scripts/test.sh"))
+        .arg("--prerequisites-only")
+        .env(
+            "TOOLGATE_TEST_POSTGRES",
+            format!("postgres://postgres@127.0.0.1:{port}/test"),
+        )
+        .env_remove("CI")
+        .env_remove(ALLOW_SKIPS_VAR)
+        .env_remove(SKIP_LOG_VAR);
+    if let Some(ci) = ci {
+        cmd.env("CI", ci);
+    }
+    if allow_skips {
+        cmd.arg("--allow-skips");
+    }
+    let started = Instant::now();
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap(), text, started.elapsed())
+}
+
+/// The line `scripts/test.sh` prints for a PostgreSQL URL where nothing listens.
+fn no_postgres_line(port: u16) -> String {
+    format!(
+        "  - PostgreSQL at postgres://postgres@127.0.0.1:{port}/test does not answer \
+         (127.0.0.1:{port} - no response): start it, or point TOOLGATE_TEST_POSTGRES \
+         at a server where this user may create schemas and roles"
+    )
+}
+
+/// Issue 17's acceptance, first half: an unreachable PostgreSQL fails the
+/// script within seconds, before it builds anything, and says why.
+#[test]
+fn test_sh_stops_within_seconds_when_postgres_does_not_answer() {
+    if !postgres_client_tools() {
+        return;
+    }
+    let port = dead_port();
+    let (code, text, took) = check_prerequisites(port, None, false);
+    assert_eq!(code, 1, "{text}");
+    assert!(took < Duration::from_secs(10), "{took:?}\n{text}");
+    assert!(text.contains(&no_postgres_line(port)), "{text}");
+    assert!(
+        text.contains(
+            "test.sh: nothing was built: install or point to what is missing, or pass --allow-skips"
+        ),
+        "{text}"
+    );
+}
+
+/// With `--allow-skips` it goes on (here it stops, as asked, before the
+/// build), saying the tests that need PostgreSQL will skip.
+#[test]
+fn test_sh_goes_on_with_allow_skips_when_postgres_does_not_answer() {
+    if !postgres_client_tools() {
+        return;
+    }
+    let port = dead_port();
+    let (code, text, took) = check_prerequisites(port, None, true);
+    assert_eq!(code, 0, "{text}");
+    assert!(took < Duration::from_secs(10), "{took:?}\n{text}");
+    assert!(text.contains(&no_postgres_line(port)), "{text}");
+    assert!(
+        text.contains(
+            "test.sh: --allow-skips: the tests that need the above will skip, listed at the end"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("test.sh: --prerequisites-only: stopping before the build"),
+        "{text}"
+    );
+}
+
+/// Under `CI=true`, `--allow-skips` is overridden: CI never skips.
+#[test]
+fn test_sh_never_skips_under_ci_even_with_allow_skips() {
+    if !postgres_client_tools() {
+        return;
+    }
+    let port = dead_port();
+    let (code, text, _) = check_prerequisites(port, Some("true"), true);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("test.sh: CI=true: --allow-skips is ignored, CI never skips a test"),
+        "{text}"
+    );
+    assert!(text.contains(&no_postgres_line(port)), "{text}");
 }
