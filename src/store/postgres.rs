@@ -1029,7 +1029,7 @@ mod tests {
             Err(e) => {
                 crate::conformance::skip_or_fail(
                     &format!(
-                        "no PostgreSQL test server ({e}) at {} (default `{}`)",
+                        "no PostgreSQL test server at {} (default `{}`): {e}",
                         scratch::TEST_URL_VAR,
                         scratch::DEFAULT_TEST_URL
                     ),

@@ -101,8 +101,8 @@ fn record_skip(log: &Path, test: &str, reason: &str) -> std::io::Result<()> {
 pub fn postgres_unreachable(error: &dyn std::fmt::Display) {
     skip_or_fail(
         &format!(
-            "no PostgreSQL test server ({error}) at TOOLGATE_TEST_POSTGRES \
-             (default `postgres://postgres@127.0.0.1:5432/test`)"
+            "no PostgreSQL test server at TOOLGATE_TEST_POSTGRES \
+             (default `postgres://postgres@127.0.0.1:5432/test`): {error}"
         ),
         "start it, or set TOOLGATE_TEST_POSTGRES to a server where this user \
          may create schemas and roles",
