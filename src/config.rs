@@ -39,7 +39,7 @@ use crate::ratelimit::{Limit, RateLimitConfig};
 /// `TOOLGATE_*` variables read by toolgate's clients, examples and test
 /// harness; the server ignores them. Any other `TOOLGATE_*` variable must
 /// name a config key.
-pub const CLIENT_VARIABLES: [&str; 8] = [
+pub const CLIENT_VARIABLES: [&str; 10] = [
     "TOOLGATE_CONFIG",
     "TOOLGATE_ADDR",
     "TOOLGATE_IDENTITY_TOKEN",
@@ -50,6 +50,10 @@ pub const CLIENT_VARIABLES: [&str; 8] = [
     // The PostgreSQL server of the test suite (scripts/test.sh exports it,
     // so every sidecar a test starts inherits it).
     "TOOLGATE_TEST_POSTGRES",
+    // Whether a test may skip when a prerequisite is missing, and where it
+    // records the skip (scripts/test.sh --allow-skips sets both).
+    "TOOLGATE_ALLOW_SKIPS",
+    "TOOLGATE_SKIP_LOG",
 ];
 
 /// The largest clock-skew leeway accepted for identity tokens. A leeway is

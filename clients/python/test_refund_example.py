@@ -3,44 +3,26 @@ through to a human approving the large refund on a second client, and the
 refund run through the execution ledger: once per operation, even when the
 first attempt times out after the money moved.
 
-Started by the Rust integration test `python::the_python_executor_runs_the_refund_example`
-with TOOLGATE_ADDR, TOOLGATE_PROTO_DIR and TOOLGATE_STUB_DIR set, and three real
-identity tokens of tenant acme minted by it (Python holds no signing key):
-TOOLGATE_APPROVER_TOKEN (dana, support_admin: may decide),
-TOOLGATE_NON_APPROVER_TOKEN (erin, support_agent: may not) and
-TOOLGATE_REQUESTER_TOKEN (bob, support_admin: the requester, so may not).
-Prints `N passed, M failed` and exits non-zero on any failure.
+Ordinary pytest tests (the fixtures, and the environment they need, are in
+conftest.py), run by the Rust integration test
+`python::the_python_executor_runs_the_refund_example` with
+`python -m pytest clients/python`.
 """
 
 import hashlib
 import json
-import os
-import sys
-import traceback
 
 import grpc
+import pytest
 import rfc8785
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from toolgate_client import default_addr, load_stubs  # noqa: E402
-import approver_example  # noqa: E402
-import refund_example  # noqa: E402
+import approver_example
+import refund_example
 
-pb, pb_grpc, common, apb, apb_grpc, lpb, lpb_grpc = load_stubs(
-    os.environ["TOOLGATE_PROTO_DIR"], os.environ["TOOLGATE_STUB_DIR"])
-channel = grpc.insecure_channel(default_addr())
-stub = pb_grpc.AuthorizationServiceStub(channel)
-ledger = lpb_grpc.LedgerServiceStub(channel)
-# The approver is a different program on its own connection, with its own identity.
-approver_channel = grpc.insecure_channel(default_addr())
-approvals = apb_grpc.ApprovalServiceStub(approver_channel)
-APPROVER = os.environ["TOOLGATE_APPROVER_TOKEN"]
-NON_APPROVER = os.environ["TOOLGATE_NON_APPROVER_TOKEN"]
-REQUESTER = os.environ["TOOLGATE_REQUESTER_TOKEN"]
 BIG_REFUND = {"order_id": "ord_1001", "amount_cents": 25000, "currency": "USD", "reason": "damaged"}
 
 
-def test_allowed_refund_and_independent_idempotency_key():
+def test_allowed_refund_and_independent_idempotency_key(stub, pb, common):
     r = refund_example.run(stub, pb, common)
     assert r.decision == pb.DECISION_ALLOW, r
     assert r.normalized_arguments == '{"amount_cents":2500,"currency":"USD","order_id":"ord_1001","reason":"late"}'
@@ -52,7 +34,7 @@ def test_allowed_refund_and_independent_idempotency_key():
     assert r.conflict_key == "acme:Order:ord_1001"
 
 
-def test_allowed_read():
+def test_allowed_read(stub, pb, common):
     r = stub.Authorize(pb.AuthorizeRequest(
         tool="get_order", arguments=b'{"order_id":"ord_1001"}',
         auth=common.AuthContext(subject_id="bob", tenant_id="acme", roles=["support_agent"], scopes=["orders:read"]),
@@ -61,7 +43,7 @@ def test_allowed_read():
     assert r.risk == common.RISK_LEVEL_READ
 
 
-def test_schema_violation():
+def test_schema_violation(stub, pb, common):
     r = refund_example.authorize_refund(
         stub, pb, common, b'{"order_id":"ord_1001","amount_cents":"2500","currency":"USD","reason":"late"}', "refund-2")
     assert r.decision == pb.DECISION_DENY
@@ -72,7 +54,7 @@ def test_schema_violation():
     assert json.loads(r.model_output)["error"]["code"] == "schema_violation"
 
 
-def test_cross_tenant_deny():
+def test_cross_tenant_deny(stub, pb, common):
     r = refund_example.authorize_refund(
         stub, pb, common, b'{"order_id":"ord_1001","amount_cents":100,"currency":"USD","reason":"late"}', "refund-3",
         tenant="globex")
@@ -81,7 +63,7 @@ def test_cross_tenant_deny():
     assert r.error.message == "the resource belongs to another tenant"
 
 
-def test_approval_required():
+def test_approval_required(stub, pb, common):
     args = b'{"order_id":"ord_1001","amount_cents":25000,"currency":"USD","reason":"damaged"}'
     r = refund_example.authorize_refund(stub, pb, common, args, "refund-4")
     assert r.decision == pb.DECISION_APPROVAL_REQUIRED, r
@@ -91,20 +73,25 @@ def test_approval_required():
     assert again.approval.approval_id == r.approval.approval_id
 
 
-def pending_big_refund(request_id: str):
-    """The model's arguments for the large refund and the APPROVAL_REQUIRED answer to them."""
-    args = json.dumps(BIG_REFUND).encode()
-    r = refund_example.authorize_refund(stub, pb, common, args, request_id)
-    assert r.decision == pb.DECISION_APPROVAL_REQUIRED, r
-    assert r.approval.approval_id
-    return args, r
+@pytest.fixture
+def pending_big_refund(stub, pb, common):
+    """`pending_big_refund(request_id)`: the model's arguments for the large
+    refund and the APPROVAL_REQUIRED answer to them."""
+    def pending(request_id: str):
+        args = json.dumps(BIG_REFUND).encode()
+        r = refund_example.authorize_refund(stub, pb, common, args, request_id)
+        assert r.decision == pb.DECISION_APPROVAL_REQUIRED, r
+        assert r.approval.approval_id
+        return args, r
+    return pending
 
 
-def test_approved_refund_runs_once_per_operation():
+def test_approved_refund_runs_once_per_operation(stub, pb, common, apb, approvals, approver_token,
+                                                 pending_big_refund):
     args, required = pending_big_refund("refund-5")
     approval_id = required.approval.approval_id
 
-    shown = approver_example.review(approvals, apb, APPROVER, approval_id)
+    shown = approver_example.review(approvals, apb, approver_token, approval_id)
     assert shown.status == apb.APPROVAL_STATUS_PENDING, shown
     assert (shown.requester_subject_id, shown.tool, shown.risk) == ("bob", "refund_order", common.RISK_LEVEL_FINANCIAL)
     canonical = rfc8785.dumps(json.loads(args))
@@ -112,7 +99,7 @@ def test_approved_refund_runs_once_per_operation():
     assert shown.display_arguments == canonical.decode()  # refund_order has no sensitive pointers
     assert "refund_order 1.2.0 (RISK_LEVEL_FINANCIAL)" in approver_example.show(shown, apb, common)
 
-    decided = approver_example.decide(approvals, apb, APPROVER, shown, approve=True, reason="damaged in transit")
+    decided = approver_example.decide(approvals, apb, approver_token, shown, approve=True, reason="damaged in transit")
     assert not decided.HasField("error"), decided.error
     assert decided.approval.status == apb.APPROVAL_STATUS_APPROVED
     assert (decided.approval.decided_by, decided.approval.reason) == ("dana", "damaged in transit")
@@ -120,7 +107,7 @@ def test_approved_refund_runs_once_per_operation():
     allowed = refund_example.authorize_refund(stub, pb, common, args, "refund-5", approval_id=approval_id)
     assert allowed.decision == pb.DECISION_ALLOW, allowed
     assert not allowed.HasField("error"), allowed.error
-    assert approver_example.review(approvals, apb, APPROVER, approval_id).consumed_by_idempotency_key \
+    assert approver_example.review(approvals, apb, approver_token, approval_id).consumed_by_idempotency_key \
         == allowed.idempotency_key
     # A retry of the same operation (same idempotency key) may reuse the approval ...
     retried = refund_example.authorize_refund(stub, pb, common, args, "refund-5", approval_id=approval_id)
@@ -133,28 +120,28 @@ def test_approved_refund_runs_once_per_operation():
     assert other.error.resolution == "request_new_approval"
 
 
-def test_only_an_authorized_approver_may_decide():
+def test_only_an_authorized_approver_may_decide(stub, pb, common, apb, approvals, approver_token,
+                                                non_approver_token, requester_token, pending_big_refund):
     _, required = pending_big_refund("refund-6")
     approval_id = required.approval.approval_id
-    shown = approver_example.review(approvals, apb, APPROVER, approval_id)
+    shown = approver_example.review(approvals, apb, approver_token, approval_id)
 
-    no_role = approver_example.decide(approvals, apb, NON_APPROVER, shown, approve=True, reason="looks fine")
+    no_role = approver_example.decide(approvals, apb, non_approver_token, shown, approve=True, reason="looks fine")
     assert not no_role.HasField("approval")
     assert (no_role.error.code, no_role.error.message) == (
         "forbidden", "this approver may not decide this approval"), no_role.error
-    own = approver_example.decide(approvals, apb, REQUESTER, shown, approve=True, reason="my own request")
+    own = approver_example.decide(approvals, apb, requester_token, shown, approve=True, reason="my own request")
     assert (own.error.code, own.error.message) == ("forbidden", "nobody may approve their own request"), own.error
     # The executor has no identity token at all: it cannot even read the approval.
     unauthenticated = approver_example.decide(approvals, apb, "", shown, approve=True, reason="executor")
     assert unauthenticated.error.code == "unauthorized", unauthenticated.error
-    try:
+    with pytest.raises(grpc.RpcError) as refused:
         approver_example.review(approvals, apb, "", approval_id)
-        raise AssertionError("GetApproval without an identity token succeeded")
-    except grpc.RpcError as e:
-        assert e.code() == grpc.StatusCode.UNAUTHENTICATED, e
-        assert e.details() == "the identity token is not valid", e.details()
+    e = refused.value
+    assert e.code() == grpc.StatusCode.UNAUTHENTICATED, e
+    assert e.details() == "the identity token is not valid", e.details()
 
-    assert approver_example.review(approvals, apb, APPROVER, approval_id).status == apb.APPROVAL_STATUS_PENDING
+    assert approver_example.review(approvals, apb, approver_token, approval_id).status == apb.APPROVAL_STATUS_PENDING
     still_pending = refund_example.authorize_refund(
         stub, pb, common, json.dumps(BIG_REFUND).encode(), "refund-6", approval_id=approval_id)
     assert still_pending.decision == pb.DECISION_DENY, still_pending
@@ -190,11 +177,15 @@ class Crash(Exception):
     """The executor process dies mid-call (never caught by execute_refund)."""
 
 
-def execute(request_id, provider):
-    return refund_example.execute_refund(stub, ledger, pb, lpb, common, SMALL_REFUND, request_id, provider)
+@pytest.fixture
+def execute(stub, ledger, pb, lpb, common):
+    """`execute(request_id, provider)`: the small refund through the ledger."""
+    def run(request_id, provider):
+        return refund_example.execute_refund(stub, ledger, pb, lpb, common, SMALL_REFUND, request_id, provider)
+    return run
 
 
-def test_a_refund_runs_once_through_the_ledger():
+def test_a_refund_runs_once_through_the_ledger(execute):
     provider = CountingProvider()
     first = execute("refund-ledger-1", provider)
     assert first.kind == "succeeded", first
@@ -210,7 +201,7 @@ def test_a_refund_runs_once_through_the_ledger():
     assert provider.side_effects == 2
 
 
-def test_a_retry_after_a_timeout_never_refunds_twice():
+def test_a_retry_after_a_timeout_never_refunds_twice(execute):
     provider = CountingProvider(fail_after_refund=TimeoutError)
     first = execute("refund-ledger-timeout", provider)
     assert first.kind == "unknown", first
@@ -228,13 +219,10 @@ def test_a_retry_after_a_timeout_never_refunds_twice():
     assert provider.side_effects == 1
 
 
-def test_a_retry_while_the_first_executor_may_still_run_waits():
+def test_a_retry_while_the_first_executor_may_still_run_waits(execute):
     provider = CountingProvider(fail_after_refund=Crash)
-    try:
+    with pytest.raises(Crash):
         execute("refund-ledger-crash", provider)
-        raise AssertionError("the executor was expected to crash")
-    except Crash:
-        pass
     assert provider.side_effects == 1
     # Its lease (the tool's timeout plus a margin) still runs: nobody else may run it.
     for _ in range(3):
@@ -243,22 +231,3 @@ def test_a_retry_while_the_first_executor_may_still_run_waits():
         assert 0 < retry.retry_after_ms <= 1000, retry
     assert provider.side_effects == 1
 
-
-TESTS = [test_allowed_refund_and_independent_idempotency_key, test_allowed_read, test_schema_violation,
-         test_cross_tenant_deny, test_approval_required, test_approved_refund_runs_once_per_operation,
-         test_only_an_authorized_approver_may_decide, test_a_refund_runs_once_through_the_ledger,
-         test_a_retry_after_a_timeout_never_refunds_twice, test_a_retry_while_the_first_executor_may_still_run_waits]
-
-if __name__ == "__main__":
-    passed = failed = 0
-    for t in TESTS:
-        try:
-            t()
-            passed += 1
-            print(f"PASS {t.__name__}")
-        except Exception:  # noqa: BLE001 - report every failure
-            failed += 1
-            print(f"FAIL {t.__name__}")
-            traceback.print_exc()
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)

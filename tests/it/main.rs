@@ -20,6 +20,7 @@ mod ledger;
 mod ledger_crash;
 mod listeners;
 mod node;
+mod prerequisites;
 mod python;
 mod reload;
 mod replicas;

@@ -7,45 +7,49 @@
 //! the same listener, after a CORS preflight. `scripts/test.sh` installs the
 //! npm dependencies (`npm ci`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::prerequisites;
 use crate::support::{TestServer, token};
 
 const WEB_ORIGIN: &str = "https://approvals.acme.test";
 
-/// `node` (or `TOOLGATE_NODE`) with the client's dependencies installed.
-fn node(client_dir: &std::path::Path) -> Option<String> {
-    let node = std::env::var("TOOLGATE_NODE").unwrap_or_else(|_| "node".into());
-    let runs = Command::new(&node)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let installed = client_dir.join("node_modules/@grpc/grpc-js").is_dir()
-        && client_dir
-            .join("node_modules/@connectrpc/connect-node")
-            .is_dir();
-    if runs && installed {
-        return Some(node);
-    }
-    let in_ci = std::env::var("CI").is_ok_and(|v| v == "true");
-    assert!(
-        !in_ci,
-        "`{node}` or the npm dependencies of clients/node are missing; CI must run the Node.js tests (scripts/test.sh runs `npm ci`)"
-    );
-    eprintln!(
-        "\n!!! SKIPPED: `{node}` or clients/node/node_modules missing; run scripts/test.sh (npm ci) !!!\n"
-    );
-    None
+/// The test files `node --test` runs, in `clients/node`.
+const TEST_FILES: [&str; 2] = ["test/refund.test.js", "test/grpc_web.test.js"];
+
+/// How many top-level `test(` the test files define: what must pass.
+fn defined_tests(client_dir: &Path) -> usize {
+    TEST_FILES
+        .iter()
+        .map(|file| {
+            let text = std::fs::read_to_string(client_dir.join(file)).unwrap();
+            text.lines().filter(|l| l.starts_with("test(")).count()
+        })
+        .sum()
+}
+
+/// The counts of the TAP summary (`# pass 8`, …) in the order asked.
+fn tap_summary(tap: &str, keys: &[&str]) -> Vec<Option<u64>> {
+    keys.iter()
+        .map(|key| {
+            let prefix = format!("# {key} ");
+            tap.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_clients_run_the_refund_flow_and_grpc_web() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let client_dir = root.join("clients/node");
-    let Some(node) = node(&client_dir) else {
+    let Some(node) = prerequisites::node(&client_dir) else {
         return;
     };
+    let expected = defined_tests(&client_dir);
+    assert!(expected > 0, "no `test(` in {TEST_FILES:?}");
     let server = TestServer::start_setup(|c| c.cors_origins = vec![WEB_ORIGIN.to_owned()]).await;
     let dir = tempfile::tempdir().unwrap();
     let descriptors = dir.path().join("toolgate.binpb");
@@ -54,7 +58,8 @@ async fn the_node_clients_run_the_refund_flow_and_grpc_web() {
     let approver = token("dana", "acme", &["support_admin"]);
     let out = tokio::task::spawn_blocking(move || {
         Command::new(node)
-            .args(["--test", "test/refund.test.js", "test/grpc_web.test.js"])
+            .args(["--test", "--test-reporter=tap"])
+            .args(TEST_FILES)
             .current_dir(&client_dir)
             .env("TOOLGATE_ADDR", addr)
             .env("TOOLGATE_PROTO_DIR", root.join("proto"))
@@ -72,7 +77,15 @@ async fn the_node_clients_run_the_refund_flow_and_grpc_web() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("# pass 8"), "{text}");
-    assert!(text.contains("# fail 0"), "{text}");
+    // Every test defined ran and passed; none failed, was cancelled or skipped.
+    let n = Some(expected as u64);
+    assert_eq!(
+        tap_summary(
+            &text,
+            &["tests", "pass", "fail", "cancelled", "skipped", "todo"]
+        ),
+        [n, n, Some(0), Some(0), Some(0), Some(0)],
+        "{text}"
+    );
     server.stop().await;
 }

@@ -63,30 +63,29 @@ pub enum Backend {
     Postgres,
 }
 
-/// Whether the PostgreSQL test server answers. Outside CI a missing server
-/// skips the PostgreSQL variants, loudly; under `CI=true` it fails them.
+/// Whether the PostgreSQL test server answers (a schema can be created).
+/// When it does not, the test fails, naming it; only where skips are
+/// allowed is this `false` (the skip recorded): `prerequisites::skip_or_fail`.
 pub async fn postgres_or_skip() -> bool {
-    let url = scratch::test_url();
-    match ScratchSchema::create(&url).await {
+    match ScratchSchema::create(&scratch::test_url()).await {
         Ok(_probe) => true,
-        Err(e) if std::env::var("CI").as_deref() != Ok("true") => {
-            eprintln!(
-                "SKIPPED: no PostgreSQL ({e}); set {} to run the PostgreSQL variants",
-                scratch::TEST_URL_VAR
-            );
+        Err(e) => {
+            crate::prerequisites::postgres_unreachable(&e);
             false
         }
-        Err(e) => panic!("CI=true but PostgreSQL is unreachable: {e}"),
     }
 }
 
-/// A fresh PostgreSQL schema, or `None` (said loudly) outside CI when no
-/// server answers; under `CI=true` an unreachable server fails the test.
+/// A fresh PostgreSQL schema. When no server answers, the test fails,
+/// naming it; only where skips are allowed is this `None` (the skip
+/// recorded).
 pub async fn scratch_schema() -> Option<ScratchSchema> {
-    if postgres_or_skip().await {
-        Some(ScratchSchema::create(&scratch::test_url()).await.unwrap())
-    } else {
-        None
+    match ScratchSchema::create(&scratch::test_url()).await {
+        Ok(schema) => Some(schema),
+        Err(e) => {
+            crate::prerequisites::postgres_unreachable(&e);
+            None
+        }
     }
 }
 

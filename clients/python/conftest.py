@@ -1,0 +1,95 @@
+"""Fixtures of the Python client tests: stubs generated from proto/ and
+connections to a real toolgate server.
+
+pytest runs these tests from the Rust integration test
+`python::the_python_executor_runs_the_refund_example`, which starts the
+server and sets TOOLGATE_ADDR, TOOLGATE_PROTO_DIR and TOOLGATE_STUB_DIR, and
+three real identity tokens of tenant acme minted by it (Python holds no
+signing key): TOOLGATE_APPROVER_TOKEN (dana, support_admin: may decide),
+TOOLGATE_NON_APPROVER_TOKEN (erin, support_agent: may not) and
+TOOLGATE_REQUESTER_TOKEN (bob, support_admin: the requester, so may not).
+"""
+
+import os
+
+import grpc
+import pytest
+
+from toolgate_client import load_stubs
+
+
+def required(name: str) -> str:
+    """An environment variable the Rust test sets; a clear error without it."""
+    value = os.environ.get(name)
+    if value is None:
+        pytest.fail(f"{name} is not set: these tests run from the Rust test "
+                    "`python::the_python_executor_runs_the_refund_example` (./scripts/test.sh)", pytrace=False)
+    return value
+
+
+@pytest.fixture(scope="session")
+def stubs():
+    return load_stubs(required("TOOLGATE_PROTO_DIR"), required("TOOLGATE_STUB_DIR"))
+
+
+@pytest.fixture(scope="session")
+def pb(stubs):
+    return stubs.authorization
+
+
+@pytest.fixture(scope="session")
+def common(stubs):
+    return stubs.common
+
+
+@pytest.fixture(scope="session")
+def apb(stubs):
+    return stubs.approval
+
+
+@pytest.fixture(scope="session")
+def lpb(stubs):
+    return stubs.ledger
+
+
+@pytest.fixture(scope="session")
+def addr():
+    return required("TOOLGATE_ADDR")
+
+
+@pytest.fixture(scope="session")
+def channel(addr):
+    with grpc.insecure_channel(addr) as ch:
+        yield ch
+
+
+@pytest.fixture(scope="session")
+def stub(stubs, channel):
+    return stubs.authorization_grpc.AuthorizationServiceStub(channel)
+
+
+@pytest.fixture(scope="session")
+def ledger(stubs, channel):
+    return stubs.ledger_grpc.LedgerServiceStub(channel)
+
+
+@pytest.fixture(scope="session")
+def approvals(stubs, addr):
+    """The approver is a different program on its own connection, with its own identity."""
+    with grpc.insecure_channel(addr) as approver_channel:
+        yield stubs.approval_grpc.ApprovalServiceStub(approver_channel)
+
+
+@pytest.fixture(scope="session")
+def approver_token():
+    return required("TOOLGATE_APPROVER_TOKEN")
+
+
+@pytest.fixture(scope="session")
+def non_approver_token():
+    return required("TOOLGATE_NON_APPROVER_TOKEN")
+
+
+@pytest.fixture(scope="session")
+def requester_token():
+    return required("TOOLGATE_REQUESTER_TOKEN")

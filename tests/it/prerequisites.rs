@@ -1,0 +1,310 @@
+//! What the integration tests need from the machine, and the one rule for
+//! when it is missing: the PostgreSQL test server (`TOOLGATE_TEST_POSTGRES`,
+//! probed by `support::postgres_or_skip`), a Python with the client's
+//! packages (`TOOLGATE_PYTHON`), Node.js with `clients/node`'s packages
+//! (`TOOLGATE_NODE`).
+//!
+//! A missing prerequisite **fails** the test that needs it, naming it and
+//! how to install or point to it ([`skip_or_fail`]). Only an explicit
+//! `TOOLGATE_ALLOW_SKIPS=1` (which `scripts/test.sh --allow-skips` exports)
+//! lets the test skip instead, and then the skip is recorded in the file
+//! `TOOLGATE_SKIP_LOG` names, which the script lists at the end: the test
+//! harness hides a passing test's stderr. Under `CI=true` nothing skips,
+//! whatever else is set. The lib's unit tests keep the same rule in
+//! `src/conformance.rs`; the tests of both pin it.
+//!
+//! The tests at the end check `scripts/test.sh`'s own check of these, which
+//! runs before it builds anything.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Set to `1`, lets a test whose prerequisite is missing skip (recorded)
+/// instead of failing; ignored under `CI=true`.
+const ALLOW_SKIPS_VAR: &str = "TOOLGATE_ALLOW_SKIPS";
+/// The file each allowed skip is appended to, one `test<TAB>reason` line.
+const SKIP_LOG_VAR: &str = "TOOLGATE_SKIP_LOG";
+
+/// What a test does when a prerequisite is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rule {
+    /// `CI=true`: the test fails; CI never skips, even when skips are allowed.
+    Ci,
+    /// `TOOLGATE_ALLOW_SKIPS=1` outside CI: the test skips, recorded.
+    AllowSkips,
+    /// Otherwise: the test fails, saying how to allow skips.
+    Strict,
+}
+
+/// The rule for the values of `CI` and `TOOLGATE_ALLOW_SKIPS`.
+fn rule(ci: Option<&str>, allow_skips: Option<&str>) -> Rule {
+    if ci == Some("true") {
+        Rule::Ci
+    } else if allow_skips == Some("1") {
+        Rule::AllowSkips
+    } else {
+        Rule::Strict
+    }
+}
+
+/// Fails the calling test, naming what is `missing` and `how` to install or
+/// point to it; or, when skips are allowed outside CI, records the skip and
+/// returns, and the caller returns early.
+pub fn skip_or_fail(missing: &str, how: &str) {
+    let test = current_test();
+    let ci = std::env::var("CI").ok();
+    let allow = std::env::var(ALLOW_SKIPS_VAR).ok();
+    match rule(ci.as_deref(), allow.as_deref()) {
+        Rule::Ci => panic!(
+            "{test}: {missing}; {how} (CI=true: CI never skips a test, even with {ALLOW_SKIPS_VAR}=1)"
+        ),
+        Rule::Strict => panic!(
+            "{test}: {missing}; {how}, or skip the tests that need it with \
+             `./scripts/test.sh --allow-skips` ({ALLOW_SKIPS_VAR}=1)"
+        ),
+        Rule::AllowSkips => {
+            let reason = format!("{missing}; {how}");
+            if let Some(log) = std::env::var_os(SKIP_LOG_VAR)
+                && let Err(e) = record_skip(Path::new(&log), &test, &reason)
+            {
+                panic!("{test}: cannot record its skip in {SKIP_LOG_VAR}: {e}");
+            }
+            eprintln!("\n!!! SKIPPED {test}: {reason} !!!\n");
+        }
+    }
+}
+
+/// The running test's name: libtest names each test's thread after it.
+fn current_test() -> String {
+    std::thread::current()
+        .name()
+        .filter(|name| *name != "main")
+        .unwrap_or("a test")
+        .to_owned()
+}
+
+/// Appends `test<TAB>reason` as one line, in one write, so concurrent tests
+/// and processes never interleave their lines.
+fn record_skip(log: &Path, test: &str, reason: &str) -> std::io::Result<()> {
+    let line = format!("{test}\t{}\n", reason.replace(['\t', '\n'], " "));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?
+        .write_all(line.as_bytes())
+}
+
+/// The PostgreSQL test server did not let us create a schema: fails the
+/// test, or records its skip where skips are allowed.
+pub fn postgres_unreachable(error: &dyn std::fmt::Display) {
+    skip_or_fail(
+        &format!(
+            "no PostgreSQL test server at TOOLGATE_TEST_POSTGRES \
+             (default `postgres://postgres@127.0.0.1:5432/test`): {error}"
+        ),
+        "start it, or set TOOLGATE_TEST_POSTGRES to a server where this user \
+         may create schemas and roles",
+    );
+}
+
+/// The Python interpreter with `grpcio`, `grpcio-tools`, `rfc8785` and
+/// `pytest` (`clients/python/requirements.txt`): `TOOLGATE_PYTHON` (set by
+/// `scripts/test.sh` to its virtualenv), else `python3`. `None` only when it
+/// lacks them and skips are allowed.
+pub fn python() -> Option<String> {
+    let py = std::env::var("TOOLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&py)
+        .args(["-c", "import grpc, grpc_tools, rfc8785, pytest"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        return Some(py);
+    }
+    skip_or_fail(
+        &format!("`{py}` lacks grpcio, grpcio-tools, rfc8785 or pytest"),
+        "run ./scripts/test.sh (it installs clients/python/requirements.txt into .venv), \
+         or set TOOLGATE_PYTHON to a Python that has them",
+    );
+    None
+}
+
+/// `node` (or `TOOLGATE_NODE`) with `clients/node`'s npm packages installed
+/// in `client_dir`. `None` only when either is missing and skips are allowed.
+pub fn node(client_dir: &Path) -> Option<String> {
+    let node = std::env::var("TOOLGATE_NODE").unwrap_or_else(|_| "node".into());
+    let runs = Command::new(&node)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let installed = client_dir.join("node_modules/@grpc/grpc-js").is_dir()
+        && client_dir
+            .join("node_modules/@connectrpc/connect-node")
+            .is_dir();
+    if runs && installed {
+        return Some(node);
+    }
+    skip_or_fail(
+        &format!("`{node}` (Node.js 20 or later) or the npm packages of clients/node are missing"),
+        "install Node.js 20 or later and run ./scripts/test.sh (it runs `npm ci` in clients/node), \
+         or set TOOLGATE_NODE",
+    );
+    None
+}
+
+/// The same table as `src/conformance.rs`: the rule is one rule.
+#[test]
+fn ci_never_skips_and_only_an_explicit_allow_skips_does() {
+    assert_eq!(rule(Some("true"), Some("1")), Rule::Ci);
+    assert_eq!(rule(Some("true"), None), Rule::Ci);
+    assert_eq!(rule(None, Some("1")), Rule::AllowSkips);
+    assert_eq!(rule(Some("false"), Some("1")), Rule::AllowSkips);
+    assert_eq!(rule(None, None), Rule::Strict);
+    assert_eq!(rule(None, Some("0")), Rule::Strict);
+    assert_eq!(rule(None, Some("yes")), Rule::Strict);
+    assert_eq!(rule(None, Some("")), Rule::Strict);
+}
+
+#[test]
+fn each_skip_is_one_line_appended_to_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("skips");
+    record_skip(&log, "a::first", "no server\tat all\nreally").unwrap();
+    record_skip(&log, "b::second", "no folder").unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "a::first\tno server at all really\nb::second\tno folder\n"
+    );
+}
+
+#[test]
+fn a_test_is_named_after_its_thread() {
+    assert_eq!(
+        current_test(),
+        "prerequisites::a_test_is_named_after_its_thread"
+    );
+}
+
+/// Whether the PostgreSQL client tools the script probes with are here.
+fn postgres_client_tools() -> bool {
+    let here = ["pg_isready", "psql"].iter().all(|tool| {
+        Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if !here {
+        skip_or_fail(
+            "the PostgreSQL client tools (pg_isready, psql) are not on PATH",
+            "install them (Debian: apt-get install postgresql-client)",
+        );
+    }
+    here
+}
+
+/// A loopback port where nothing listens: bound, then released.
+fn dead_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// `scripts/test.sh --prerequisites-only` with the PostgreSQL URL on
+/// `port` and `CI` as given (never the caller's), and its exit code, its
+/// output and how long it took.
+fn check_prerequisites(port: u16, ci: Option<&str>, allow_skips: bool) -> (i32, String, Duration) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cmd = Command::new("bash");
+    cmd.arg(root.join("scripts/test.sh"))
+        .arg("--prerequisites-only")
+        .env(
+            "TOOLGATE_TEST_POSTGRES",
+            format!("postgres://postgres@127.0.0.1:{port}/test"),
+        )
+        .env_remove("CI")
+        .env_remove(ALLOW_SKIPS_VAR)
+        .env_remove(SKIP_LOG_VAR);
+    if let Some(ci) = ci {
+        cmd.env("CI", ci);
+    }
+    if allow_skips {
+        cmd.arg("--allow-skips");
+    }
+    let started = Instant::now();
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap(), text, started.elapsed())
+}
+
+/// The line `scripts/test.sh` prints for a PostgreSQL URL where nothing listens.
+fn no_postgres_line(port: u16) -> String {
+    format!(
+        "  - PostgreSQL at postgres://postgres@127.0.0.1:{port}/test does not answer \
+         (127.0.0.1:{port} - no response): start it, or point TOOLGATE_TEST_POSTGRES \
+         at a server where this user may create schemas and roles"
+    )
+}
+
+/// Issue 17's acceptance, first half: an unreachable PostgreSQL fails the
+/// script within seconds, before it builds anything, and says why.
+#[test]
+fn test_sh_stops_within_seconds_when_postgres_does_not_answer() {
+    if !postgres_client_tools() {
+        return;
+    }
+    let port = dead_port();
+    let (code, text, took) = check_prerequisites(port, None, false);
+    assert_eq!(code, 1, "{text}");
+    assert!(took < Duration::from_secs(10), "{took:?}\n{text}");
+    assert!(text.contains(&no_postgres_line(port)), "{text}");
+    assert!(
+        text.contains(
+            "test.sh: nothing was built: install or point to what is missing, or pass --allow-skips"
+        ),
+        "{text}"
+    );
+}
+
+/// With `--allow-skips` it goes on (here it stops, as asked, before the
+/// build), saying the tests that need PostgreSQL will skip.
+#[test]
+fn test_sh_goes_on_with_allow_skips_when_postgres_does_not_answer() {
+    if !postgres_client_tools() {
+        return;
+    }
+    let port = dead_port();
+    let (code, text, took) = check_prerequisites(port, None, true);
+    assert_eq!(code, 0, "{text}");
+    assert!(took < Duration::from_secs(10), "{took:?}\n{text}");
+    assert!(text.contains(&no_postgres_line(port)), "{text}");
+    assert!(
+        text.contains(
+            "test.sh: --allow-skips: the tests that need the above will skip, listed at the end"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("test.sh: --prerequisites-only: stopping before the build"),
+        "{text}"
+    );
+}
+
+/// Under `CI=true`, `--allow-skips` is overridden: CI never skips.
+#[test]
+fn test_sh_never_skips_under_ci_even_with_allow_skips() {
+    if !postgres_client_tools() {
+        return;
+    }
+    let port = dead_port();
+    let (code, text, _) = check_prerequisites(port, Some("true"), true);
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("test.sh: CI=true: --allow-skips is ignored, CI never skips a test"),
+        "{text}"
+    );
+    assert!(text.contains(&no_postgres_line(port)), "{text}");
+}
