@@ -46,8 +46,8 @@ pub mod store;
 pub mod telemetry;
 pub mod tools;
 
-#[cfg(test)]
-mod conformance;
+#[cfg(any(test, feature = "test-support"))]
+pub mod prerequisites;
 
 // The allocator of every binary that links toolgate: the sidecar, its tests
 // and benches (so in-process figures are the sidecar's). Under load glibc's

@@ -7,7 +7,7 @@ use std::fs;
 use std::path::Path;
 
 use super::{DecodeError, Limits, canonical_json, parse_strict};
-use crate::conformance::suite_dir;
+use crate::prerequisites::suite_dir;
 
 /// Every `i_` (implementation-defined) file and the one outcome our policy
 /// gives it (DESIGN §2.1): rejected, with this reason, at this byte.

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::plain::PlainCedar;
-use crate::conformance::suite_dir;
+use crate::prerequisites::suite_dir;
 
 /// The hand-written tests kept in the suite (PROVENANCE.md): a file that
 /// goes missing must fail the run, not shrink it.

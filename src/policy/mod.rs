@@ -24,6 +24,7 @@
 mod decide;
 mod diagnostic;
 mod load;
+#[cfg(any(test, feature = "test-support"))]
 pub mod plain;
 mod reach;
 mod reload;

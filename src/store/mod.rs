@@ -12,6 +12,7 @@
 //! [`Store::relay_approval_events`]).
 
 mod postgres;
+#[cfg(any(test, feature = "test-support"))]
 pub mod scratch;
 mod sqlite;
 

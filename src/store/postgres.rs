@@ -1027,7 +1027,7 @@ mod tests {
         match ScratchSchema::create(&scratch::test_url()).await {
             Ok(s) => Some(Schema(s)),
             Err(e) => {
-                crate::conformance::skip_or_fail(
+                crate::prerequisites::skip_or_fail(
                     &format!(
                         "no PostgreSQL test server at {} (default `{}`): {e}",
                         scratch::TEST_URL_VAR,

@@ -18,7 +18,7 @@ use jsonschema::{Registry, Retrieve, Uri};
 use serde_json::Value;
 
 use super::schema::{Formats, compile_schema};
-use crate::conformance::suite_dir;
+use crate::prerequisites::suite_dir;
 
 const REMOTE_BASE: &str = "http://localhost:1234/";
 

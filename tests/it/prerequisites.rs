@@ -10,91 +10,18 @@
 //! lets the test skip instead, and then the skip is recorded in the file
 //! `TOOLGATE_SKIP_LOG` names, which the script lists at the end: the test
 //! harness hides a passing test's stderr. Under `CI=true` nothing skips,
-//! whatever else is set. The lib's unit tests keep the same rule in
-//! `src/conformance.rs`; the tests of both pin it.
+//! whatever else is set. The rule itself is the lib's
+//! (`toolgate::prerequisites`, behind the `test-support` feature), shared
+//! with its unit tests.
 //!
 //! The tests at the end check `scripts/test.sh`'s own check of these, which
 //! runs before it builds anything.
 
-use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// Set to `1`, lets a test whose prerequisite is missing skip (recorded)
-/// instead of failing; ignored under `CI=true`.
-const ALLOW_SKIPS_VAR: &str = "TOOLGATE_ALLOW_SKIPS";
-/// The file each allowed skip is appended to, one `test<TAB>reason` line.
-const SKIP_LOG_VAR: &str = "TOOLGATE_SKIP_LOG";
-
-/// What a test does when a prerequisite is missing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Rule {
-    /// `CI=true`: the test fails; CI never skips, even when skips are allowed.
-    Ci,
-    /// `TOOLGATE_ALLOW_SKIPS=1` outside CI: the test skips, recorded.
-    AllowSkips,
-    /// Otherwise: the test fails, saying how to allow skips.
-    Strict,
-}
-
-/// The rule for the values of `CI` and `TOOLGATE_ALLOW_SKIPS`.
-fn rule(ci: Option<&str>, allow_skips: Option<&str>) -> Rule {
-    if ci == Some("true") {
-        Rule::Ci
-    } else if allow_skips == Some("1") {
-        Rule::AllowSkips
-    } else {
-        Rule::Strict
-    }
-}
-
-/// Fails the calling test, naming what is `missing` and `how` to install or
-/// point to it; or, when skips are allowed outside CI, records the skip and
-/// returns, and the caller returns early.
-pub fn skip_or_fail(missing: &str, how: &str) {
-    let test = current_test();
-    let ci = std::env::var("CI").ok();
-    let allow = std::env::var(ALLOW_SKIPS_VAR).ok();
-    match rule(ci.as_deref(), allow.as_deref()) {
-        Rule::Ci => panic!(
-            "{test}: {missing}; {how} (CI=true: CI never skips a test, even with {ALLOW_SKIPS_VAR}=1)"
-        ),
-        Rule::Strict => panic!(
-            "{test}: {missing}; {how}, or skip the tests that need it with \
-             `./scripts/test.sh --allow-skips` ({ALLOW_SKIPS_VAR}=1)"
-        ),
-        Rule::AllowSkips => {
-            let reason = format!("{missing}; {how}");
-            if let Some(log) = std::env::var_os(SKIP_LOG_VAR)
-                && let Err(e) = record_skip(Path::new(&log), &test, &reason)
-            {
-                panic!("{test}: cannot record its skip in {SKIP_LOG_VAR}: {e}");
-            }
-            eprintln!("\n!!! SKIPPED {test}: {reason} !!!\n");
-        }
-    }
-}
-
-/// The running test's name: libtest names each test's thread after it.
-fn current_test() -> String {
-    std::thread::current()
-        .name()
-        .filter(|name| *name != "main")
-        .unwrap_or("a test")
-        .to_owned()
-}
-
-/// Appends `test<TAB>reason` as one line, in one write, so concurrent tests
-/// and processes never interleave their lines.
-fn record_skip(log: &Path, test: &str, reason: &str) -> std::io::Result<()> {
-    let line = format!("{test}\t{}\n", reason.replace(['\t', '\n'], " "));
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)?
-        .write_all(line.as_bytes())
-}
+pub use toolgate::prerequisites::{ALLOW_SKIPS_VAR, SKIP_LOG_VAR, skip_or_fail};
 
 /// The PostgreSQL test server did not let us create a schema: fails the
 /// test, or records its skip where skips are allowed.
@@ -151,39 +78,6 @@ pub fn node(client_dir: &Path) -> Option<String> {
          or set TOOLGATE_NODE",
     );
     None
-}
-
-/// The same table as `src/conformance.rs`: the rule is one rule.
-#[test]
-fn ci_never_skips_and_only_an_explicit_allow_skips_does() {
-    assert_eq!(rule(Some("true"), Some("1")), Rule::Ci);
-    assert_eq!(rule(Some("true"), None), Rule::Ci);
-    assert_eq!(rule(None, Some("1")), Rule::AllowSkips);
-    assert_eq!(rule(Some("false"), Some("1")), Rule::AllowSkips);
-    assert_eq!(rule(None, None), Rule::Strict);
-    assert_eq!(rule(None, Some("0")), Rule::Strict);
-    assert_eq!(rule(None, Some("yes")), Rule::Strict);
-    assert_eq!(rule(None, Some("")), Rule::Strict);
-}
-
-#[test]
-fn each_skip_is_one_line_appended_to_the_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("skips");
-    record_skip(&log, "a::first", "no server\tat all\nreally").unwrap();
-    record_skip(&log, "b::second", "no folder").unwrap();
-    assert_eq!(
-        std::fs::read_to_string(&log).unwrap(),
-        "a::first\tno server at all really\nb::second\tno folder\n"
-    );
-}
-
-#[test]
-fn a_test_is_named_after_its_thread() {
-    assert_eq!(
-        current_test(),
-        "prerequisites::a_test_is_named_after_its_thread"
-    );
 }
 
 /// Whether the PostgreSQL client tools the script probes with are here.

@@ -1,5 +1,5 @@
-//! What the lib's unit tests need from outside the repository, and the one
-//! rule for when it is missing.
+//! What the tests need from outside the repository, and the one rule for
+//! when it is missing (a test helper, behind the `test-support` feature).
 //!
 //! The third-party conformance suites (`../shared/conformance/`) are read in
 //! place, never copied into the repository: the folder is found through
@@ -15,17 +15,22 @@
 //! harness hides a passing test's stderr, so a skip said only there would
 //! be invisible. Under `CI=true` nothing skips, whatever else is set.
 //!
-//! The integration binary keeps the same rule in `tests/it/prerequisites.rs`
-//! (it cannot see this test-only module); the tests of both pin it.
+//! The integration binary applies the same rule through the `test-support`
+//! feature (`tests/it/prerequisites.rs`).
+
+#![allow(
+    clippy::panic,
+    reason = "a test helper: failing the calling test, with a message, is its job"
+)]
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Set to `1`, lets a test whose prerequisite is missing skip (recorded)
 /// instead of failing; ignored under `CI=true`.
-pub(crate) const ALLOW_SKIPS_VAR: &str = "TOOLGATE_ALLOW_SKIPS";
+pub const ALLOW_SKIPS_VAR: &str = "TOOLGATE_ALLOW_SKIPS";
 /// The file each allowed skip is appended to, one `test<TAB>reason` line.
-pub(crate) const SKIP_LOG_VAR: &str = "TOOLGATE_SKIP_LOG";
+pub const SKIP_LOG_VAR: &str = "TOOLGATE_SKIP_LOG";
 
 /// What a test does when a prerequisite is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +61,7 @@ fn rule(ci: Option<&str>, allow_skips: Option<&str>) -> Rule {
 /// # Panics
 /// Unless skips are allowed outside CI (that is the failure), and when the
 /// skip cannot be recorded.
-pub(crate) fn skip_or_fail(missing: &str, how: &str) {
+pub fn skip_or_fail(missing: &str, how: &str) {
     let test = current_test();
     let ci = std::env::var("CI").ok();
     let allow = std::env::var(ALLOW_SKIPS_VAR).ok();
