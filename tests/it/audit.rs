@@ -800,3 +800,109 @@ async fn every_ledger_transition_is_audited_and_counted() {
     assert_eq!(total, 9, "one count per ledger call:\n{after}");
     server.stop().await;
 }
+
+/// The real `toolgate serve`, wired by `server::build` from its command
+/// line and `toolgate.toml`, audits each kind of event through that wiring:
+/// a decision, an approval decision, and a ledger begin and completion each
+/// leave exactly their line in the configured file, in order. A builder
+/// that left the audit out of any desk (or gave one a log of its own)
+/// fails here, not only in the in-process tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_sidecar_audits_every_kind_of_event_through_its_wiring() {
+    use toolgate::grpc::pb::authorization_service_client::AuthorizationServiceClient;
+    use toolgate::grpc::pb::ledger_service_client::LedgerServiceClient;
+    use toolgate::grpc::pb::{BeginOutcome, CompletionStatus, ExecutionState};
+
+    let dir = tempfile::tempdir().unwrap();
+    let audit_path = dir.path().join("audit.jsonl");
+    std::fs::write(
+        dir.path().join("toolgate.toml"),
+        format!(
+            "jwks_file = {:?}\nissuer = \"https://idp.test\"\naudience = \"toolgate\"\n\
+             [audit]\nsink = \"file:{}\"\n",
+            crate::support::fixture("keys/jwks.json")
+                .display()
+                .to_string(),
+            audit_path.display()
+        ),
+    )
+    .unwrap();
+    let mut sidecar = crate::sidecar::Sidecar::start(dir.path(), &[]);
+    let channel = sidecar.channel().await;
+    let mut client = AuthorizationServiceClient::new(channel.clone());
+
+    // A decision that needs a human, the human's approval, and the same
+    // call again, begun in the ledger and completed.
+    let mut big = request("refund_order", &refund(25000));
+    big.request_id = "served-big".into();
+    let required = client.authorize(big.clone()).await.unwrap().into_inner();
+    assert_eq!(
+        required.decision(),
+        Decision::ApprovalRequired,
+        "{required:?}"
+    );
+    let approval_id = required.approval.unwrap().approval_id;
+    let decided = ApprovalServiceClient::new(channel.clone())
+        .decide_approval(pb::DecideApprovalRequest {
+            identity_token: token("dana", "acme", &["support_admin"]),
+            approval_id: approval_id.clone(),
+            verdict: pb::Verdict::Approve.into(),
+            arguments_sha256: required.arguments_sha256.clone(),
+            reason: "confirmed".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decided.error, None);
+    big.approval_id = approval_id.clone();
+    big.begin_execution = true;
+    let allowed = client.authorize(big).await.unwrap().into_inner();
+    assert_eq!(allowed.decision(), Decision::Allow, "{:?}", allowed.error);
+    let begun = allowed.execution.unwrap();
+    assert_eq!(begun.outcome(), BeginOutcome::Acquired);
+    let done = LedgerServiceClient::new(channel)
+        .complete_execution(pb::CompleteExecutionRequest {
+            auth: Some(agent_bob()),
+            idempotency_key: allowed.idempotency_key.clone(),
+            fencing_token: begun.fencing_token,
+            status: CompletionStatus::Succeeded.into(),
+            result_json: r#"{"refund_id":"re_9","amount_cents":25000}"#.into(),
+            error: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(done.state(), ExecutionState::Succeeded, "{:?}", done.error);
+
+    // SIGTERM: the sidecar writes out its audit log before it exits.
+    sidecar.signal("TERM");
+    assert!(sidecar.wait_exit(Duration::from_secs(30)).success());
+    let events = audit_lines(&audit_path);
+    let seen: Vec<(&str, &str)> = events
+        .iter()
+        .map(|e| {
+            let event = e["event"].as_str().unwrap();
+            let what = match event {
+                "decision" => &e["decision"],
+                "approval_decision" => &e["outcome"],
+                _ => &e["operation"],
+            };
+            (event, what.as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("decision", "approval_required"),
+            ("approval_decision", "approved"),
+            ("decision", "allow"),
+            ("ledger", "begin"),
+            ("ledger", "complete"),
+        ],
+        "{events:#?}"
+    );
+    assert_eq!(events[1]["approval_id"], approval_id);
+    assert_eq!(events[2]["idempotency_key"], allowed.idempotency_key);
+    assert_eq!(events[3]["idempotency_key"], allowed.idempotency_key);
+    assert_eq!(events[4]["state"], "SUCCEEDED");
+}
