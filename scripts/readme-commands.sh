@@ -23,8 +23,7 @@
 # What the commands need and the README tells the reader to install (buf,
 # jq) is installed the README's way when it is missing.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-root=$PWD
+cd "$(dirname "$0")/.." || exit 1
 
 readme=README.md
 addr_host=127.0.0.1
@@ -41,10 +40,11 @@ serve_pid=""
 
 stop_serve() {
   [ -n "$serve_pid" ] || return 0
-  if kill -0 "$serve_pid" 2>/dev/null; then
+  # The whole process group: cargo and the sidecar it started.
+  if kill -0 -- "-$serve_pid" 2>/dev/null; then
     kill -TERM -- "-$serve_pid" 2>/dev/null
     for _ in $(seq 1 30); do
-      kill -0 "$serve_pid" 2>/dev/null || break
+      kill -0 -- "-$serve_pid" 2>/dev/null || break
       sleep 1
     done
     kill -KILL -- "-$serve_pid" 2>/dev/null
@@ -323,7 +323,6 @@ for i in "${!commands[@]}"; do
   passed=$((passed + 1))
 done
 
-cd "$root"
 $links_ok || echo "readme-commands: some links are broken (listed above)"
 echo "readme-commands: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ] && $links_ok
