@@ -1103,7 +1103,7 @@ mod tests {
         );
     }
 
-    /// The README's split: a role that owns the schema migrates it, the
+    /// The split docs/deployment.md describes: a role that owns the schema migrates it, the
     /// fleet runs as a role with row rights only, and serves.
     #[tokio::test]
     async fn a_role_with_row_rights_only_serves_a_schema_another_role_migrated() {

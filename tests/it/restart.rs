@@ -2,7 +2,7 @@
 //! an approval and restarted on the same SQLite file: nothing about an
 //! approval lives only in memory. The approver's tokens come from the
 //! development commands (`toolgate dev keys`, `toolgate dev token`), so this
-//! is also the README's development flow, end to end.
+//! is also the development flow of docs/approvals.md, end to end.
 
 use std::path::Path;
 
