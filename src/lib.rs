@@ -8,21 +8,26 @@
 //! - [`tools`]: tool contracts, JSON Schema validation, input types for Cedar.
 //! - [`policy`]: the Cedar schema, policies, entities, slicing, evaluation
 //!   and reload (the only importer of `cedar_policy`).
-//! - [`approvals`]: what an approval is bound to and how it is shown.
+//! - [`identity`]: the caller, the one rule of who a request runs as
+//!   ([`identity::Principals`]), identity tokens and development keys.
+//! - [`decision`]: [`decision::ToolCallAuthorizer`], the one home of the
+//!   order of the checks; the outcome; the wave schedule of a batch.
+//! - [`approvals`]: what an approval is bound to, how it is shown, the
+//!   events hub; [`approvals::desk`] serves approval UIs.
 //! - [`ledger`]: the execution state machine (DESIGN §5), rules only;
-//!   [`ledger_desk`] checks executors' requests and runs it on the store.
-//! - [`authorizer`]: [`authorizer::ToolCallAuthorizer`], the one home of the
-//!   order of the checks, and [`authorizer::Principals`], of who a request
-//!   runs as.
-//! - [`envelope`]: the error codes and the envelope of every non-allow answer.
-//! - [`policy_cases`]: `toolgate test`, policy test cases run through the
-//!   authorizer.
-//! - [`store`]: persistence (SQLite; PostgreSQL later) behind one trait.
-//! - [`grpc`]: the wire surface (the only importer of tonic and prost).
+//!   [`ledger::desk`] checks executors' requests and runs it on the store.
+//! - [`envelope`]: the error table: every code, the envelope of every
+//!   non-allow answer, and the executor's own mistakes.
+//! - [`store`]: persistence (SQLite, PostgreSQL) behind one trait.
+//! - [`audit`], [`metrics`]: the audit log and Prometheus metrics.
 //! - [`access`]: which transport identity may call which service.
 //! - [`ratelimit`]: token buckets per tenant and per tool.
-//! - [`audit`], [`metrics`]: the audit log and Prometheus metrics.
-//! - [`config`], [`telemetry`], [`clock`], [`identity`]: the edges.
+//! - [`server`]: the one wiring: a [`config::Config`] becomes the running
+//!   services and their background jobs.
+//! - [`grpc`]: the wire surface (the only importer of tonic and prost).
+//! - [`policy_cases`]: `toolgate test`, policy test cases run through the
+//!   pipeline.
+//! - [`config`], [`telemetry`], [`clock`]: the edges.
 //!
 //! See `ARCHITECTURE.md` for the invariants each module keeps.
 

@@ -1,8 +1,10 @@
 //! The approval lifecycle (DESIGN §4): what an approval is bound to, its
-//! states, and how the arguments are shown to a human.
+//! states, how the arguments are shown to a human, and the events hub
+//! (`events`); [`desk`] is the IO side, what approval UIs call.
 //!
-//! Rules only, no IO: the store persists records, the authorizer decides
-//! when to create them. An approval is usable only when tenant, subject,
+//! This module and `events` hold rules and data, no IO: the store persists
+//! records, the decision pipeline decides when to create them, the desk
+//! reads and decides them. An approval is usable only when tenant, subject,
 //! tool, risk and arguments hash all match, unexpired and unconsumed.
 
 pub mod desk;

@@ -6,8 +6,9 @@
 //! calls [`Transition::apply`] with it and a fresh fencing token, writes the
 //! [`Write`] that comes back (an update only if the record is still at the
 //! revision it read) and commits. Every rule of §5 lives in this module,
-//! once; the backends (SQLite and PostgreSQL) hold none. This
-//! module must not do IO, log, or know about gRPC.
+//! once; the backends (SQLite and PostgreSQL) hold none. This module and
+//! `transitions` must not do IO, log, or know about gRPC; [`desk`] is the
+//! IO side, what executors call.
 //!
 //! | record is | `BeginExecution` answers |
 //! |---|---|

@@ -6,7 +6,7 @@
 //! of schema, policies (sliced per action), tool contracts and static
 //! entities — answers Cedar questions about one tool call, and replaces the
 //! live engine when the folder changes ([`PolicyReloader`],
-//! [`start_reloads`]). [`plain`] evaluates bare Cedar requests through the
+//! [`start_reloads`]). `plain` (a test helper) evaluates bare Cedar requests through the
 //! same evaluation function, for Cedar's own integration tests. It knows
 //! nothing of gRPC, storage or approvals beyond the boolean "a valid
 //! approval was presented".

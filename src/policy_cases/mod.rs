@@ -1,7 +1,7 @@
 //! `toolgate test`: policy test cases (`policies/tests/*.json`, DESIGN §8)
 //! run through the real decision pipeline.
 //!
-//! A call case goes through [`ToolCallAuthorizer::authorize`], exactly as
+//! A call case goes through [`crate::decision::ToolCallAuthorizer::authorize`], exactly as
 //! `toolgate authorize` and the gRPC server decide: strict decoding of the
 //! raw argument text, the tool's schema, hashing, entities, the approval
 //! check, Cedar. `"approved": true` presents a real approval: the runner
