@@ -1,0 +1,119 @@
+//! The schema: versioned migrations, run at start in one transaction under
+//! an advisory lock, recorded in `schema_version`.
+
+use deadpool_postgres::Object;
+
+use super::super::StoreError;
+use super::{Failure, MIGRATION_LOCK};
+
+/// Versioned migrations; index + 1 is the schema version they produce.
+/// Text keys that are ordered (approval ids, for pagination) use the "C"
+/// collation: byte order, as in SQLite, whatever the database's locale.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE approvals (
+    approval_id TEXT COLLATE "C" PRIMARY KEY,
+    tenant_id TEXT NOT NULL,
+    requester_subject_id TEXT NOT NULL,
+    agent_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    tool_version TEXT NOT NULL,
+    risk TEXT NOT NULL,
+    arguments_sha256 TEXT NOT NULL,
+    display_arguments TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('PENDING', 'APPROVED', 'REJECTED', 'EXPIRED')),
+    created_at BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL,
+    decided_by TEXT,
+    decided_at BIGINT,
+    reason TEXT,
+    consumed_by_idempotency_key TEXT
+);
+CREATE UNIQUE INDEX approvals_one_pending_per_call
+    ON approvals (tenant_id, requester_subject_id, tool, arguments_sha256, request_id)
+    WHERE status = 'PENDING';
+CREATE INDEX approvals_by_tenant ON approvals (tenant_id, approval_id);
+CREATE INDEX approvals_due ON approvals (expires_at)
+    WHERE status = 'PENDING' OR (status = 'APPROVED' AND consumed_by_idempotency_key IS NULL);
+CREATE TABLE executions (
+    tenant_id TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    arguments_sha256 TEXT NOT NULL,
+    state TEXT NOT NULL
+        CHECK (state IN ('IN_PROGRESS', 'SUCCEEDED', 'FAILED_RETRYABLE', 'UNKNOWN', 'FAILED_FINAL')),
+    attempt BIGINT NOT NULL CHECK (attempt >= 1),
+    max_attempts BIGINT NOT NULL CHECK (max_attempts >= 1),
+    fencing_token BIGINT NOT NULL CHECK (fencing_token >= 1),
+    lease_expires_at BIGINT NOT NULL,
+    result_json TEXT,
+    error_json TEXT,
+    created_at BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL,
+    revision BIGINT NOT NULL CHECK (revision >= 1),
+    PRIMARY KEY (tenant_id, idempotency_key)
+);
+CREATE INDEX executions_by_updated_at ON executions (updated_at);
+CREATE SEQUENCE ledger_fencing AS BIGINT MINVALUE 1 START 1 NO CYCLE;
+"#];
+
+pub(super) async fn migrate(mut client: Object) -> Result<(), Failure> {
+    let tx = client.transaction().await?;
+    let schema: Option<String> = tx.query_one("SELECT current_schema()", &[]).await?.get(0);
+    if schema.is_none() {
+        return Err(StoreError::PostgresUrl(
+            "no schema of the search_path exists: create it, or name one that does".into(),
+        )
+        .into());
+    }
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))",
+        &[&MIGRATION_LOCK],
+    )
+    .await?;
+    // Created only when missing, so a role without CREATE rights can start
+    // on a schema another role migrated.
+    let exists: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_tables \
+             WHERE schemaname = current_schema() AND tablename = 'schema_version')",
+            &[],
+        )
+        .await?
+        .get(0);
+    if !exists {
+        tx.batch_execute(
+            "CREATE TABLE schema_version (\
+             singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton), version BIGINT NOT NULL)",
+        )
+        .await?;
+    }
+    let current: i64 = tx
+        .query_opt("SELECT version FROM schema_version", &[])
+        .await?
+        .map_or(0, |r| r.get(0));
+    let known = i64::try_from(MIGRATIONS.len()).unwrap_or(i64::MAX);
+    if current > known {
+        return Err(StoreError::SchemaTooNew {
+            found: current,
+            known,
+        }
+        .into());
+    }
+    for (i, sql) in MIGRATIONS
+        .iter()
+        .enumerate()
+        .skip(usize::try_from(current).unwrap_or(0))
+    {
+        tx.batch_execute(sql).await?;
+        let version = i64::try_from(i + 1).unwrap_or(i64::MAX);
+        tx.execute(
+            "INSERT INTO schema_version (singleton, version) VALUES (TRUE, $1) \
+             ON CONFLICT (singleton) DO UPDATE SET version = EXCLUDED.version",
+            &[&version],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}

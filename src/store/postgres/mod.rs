@@ -1,0 +1,639 @@
+//! The PostgreSQL backend: one database shared by many sidecar replicas.
+//!
+//! Every call takes a connection from a bounded pool (`deadpool-postgres`
+//! over `tokio-postgres`, no TLS: plain TCP or a Unix socket) and runs one
+//! transaction. Correctness across processes comes from the database, never
+//! from a lock in this process:
+//!
+//! - a ledger transition reads its record with `SELECT … FOR UPDATE`, so no
+//!   other transition on that record interleaves; an insert that races
+//!   another insert of the same key (`INSERT … ON CONFLICT DO NOTHING`
+//!   writes nothing) runs the whole transaction again and then sees the
+//!   winner's row. Fencing tokens come from a SEQUENCE read after the row
+//!   lock: strictly increasing for every acquisition of a key, and never
+//!   reused across the whole database;
+//! - approvals change by conditional `UPDATE … WHERE status = …`: one
+//!   PENDING per call (a partial unique index), the first decision wins,
+//!   consumed once; an expiry sweep locks with `SKIP LOCKED` and its
+//!   `UPDATE … RETURNING` decides which replica announces an expiry;
+//! - serialization failures and deadlocks (SQLSTATE 40001, 40P01) roll the
+//!   transaction back whole, so it is run again, a bounded number of times
+//!   with a short jittered backoff. Nothing else is retried: a connection
+//!   lost around a COMMIT may or may not have committed.
+//!
+//! Every change to an approval sends a `NOTIFY` in its own transaction
+//! (delivered only if it commits) naming the kind, this store's origin id
+//! and the approval id. [`Store::relay_approval_events`] LISTENs on a
+//! dedicated connection and publishes the other replicas' events into this
+//! process's hub; a lost connection is a gap, announced, never silent.
+//!
+//! Outages: a call never waits longer than `connect_timeout` for a
+//! connection plus `statement_timeout` for its transaction (set on the
+//! server as well, so a lock wait ends there too), then fails with a
+//! [`StoreError`] the desks turn into a retryable `internal_error`.
+//!
+//! Migrations run at start in one transaction under an advisory lock (two
+//! replicas starting together do not race), recorded in `schema_version`;
+//! a schema newer than this binary knows is refused.
+//!
+//! Here: the pool, the retry of a transaction that lost a race, and the
+//! [`Store`] calls; `migrations` (the schema), `transition` (one ledger
+//! transition under its row lock), `relay` (the event bridge), `rows`
+//! (rows to records).
+
+use std::fmt;
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{
+    Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
+};
+use tokio_postgres::NoTls;
+use tokio_postgres::config::SslMode;
+use tokio_postgres::error::SqlState;
+
+use super::{
+    APPROVAL_COLUMNS, ApprovalDecision, ApprovalUse, DecideOutcome, EXECUTION_COLUMNS, Store,
+    StoreError, StoreSettings,
+};
+use crate::approvals::{
+    ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval,
+};
+use crate::clock::UnixMillis;
+use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled};
+
+mod migrations;
+mod relay;
+mod rows;
+#[cfg(test)]
+mod tests;
+mod transition;
+
+use migrations::migrate;
+use rows::{approval_from_row, approval_rows, execution_from_row, kind_from_name, kind_name};
+use transition::transition;
+
+/// The `NOTIFY` channel of approval events.
+const CHANNEL: &str = "toolgate_approvals";
+/// The advisory lock's first key ("tg" + 1); the second is the schema's hash.
+const MIGRATION_LOCK: i32 = 0x7467_0001;
+/// How many times a transaction that lost a race is run in all.
+const MAX_TRIES: u32 = 8;
+/// The longest wait before reconnecting the event relay.
+const MAX_RELAY_BACKOFF: Duration = Duration::from_secs(5);
+
+/// PostgreSQL behind a connection pool.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: Pool,
+    /// How to open the relay's own connection.
+    config: tokio_postgres::Config,
+    settings: StoreSettings,
+    /// Names this store in the events it sends, so its own relay skips them.
+    origin: Arc<str>,
+}
+
+impl fmt::Debug for PostgresStore {
+    // The connection settings may hold a password: never printed.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("origin", &self.origin)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why one run of a transaction did not answer.
+enum Failure {
+    Db(tokio_postgres::Error),
+    /// It lost a race that the database resolved (an insert beside a
+    /// concurrent one): run it again.
+    Retry,
+    Store(StoreError),
+}
+
+impl From<tokio_postgres::Error> for Failure {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Self::Db(e)
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+impl PostgresStore {
+    /// Connects to the database a `postgres://` URL names and brings its
+    /// schema up to date. `settings` bound every wait.
+    ///
+    /// # Errors
+    /// [`StoreError`] for an invalid URL (or one asking for TLS), a
+    /// database that cannot be reached in time, a failed migration, or a
+    /// schema newer than this binary knows.
+    pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
+        let config = connection_config(url, &settings)?;
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_size.max(1))
+            .wait_timeout(Some(settings.connect_timeout))
+            .create_timeout(Some(settings.connect_timeout))
+            .recycle_timeout(Some(settings.connect_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::Pool(e.to_string()))?;
+        let store = Self {
+            pool,
+            config,
+            settings,
+            origin: uuid::Uuid::new_v4().simple().to_string().into(),
+        };
+        store.run(migrate).await?;
+        Ok(store)
+    }
+
+    /// Runs `attempt` on a pooled connection, again when it lost a race or
+    /// hit a serialization failure or deadlock (each rolled back whole),
+    /// at most [`MAX_TRIES`] times; the whole call bounded by
+    /// [`StoreSettings::call_bound`].
+    async fn run<T, F, Fut>(&self, mut attempt: F) -> Result<T, StoreError>
+    where
+        F: FnMut(Object) -> Fut + Send,
+        Fut: Future<Output = Result<T, Failure>> + Send,
+    {
+        let work = async {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let client = self.pool.get().await.map_err(pool_error)?;
+                let again = match attempt(client).await {
+                    Ok(v) => return Ok(v),
+                    Err(Failure::Retry) => StoreError::Contended { tries },
+                    Err(Failure::Db(e)) if is_transient(&e) => StoreError::Postgres(e),
+                    Err(Failure::Db(e)) => return Err(StoreError::Postgres(e)),
+                    Err(Failure::Store(e)) => return Err(e),
+                };
+                if tries >= MAX_TRIES {
+                    return Err(match again {
+                        StoreError::Postgres(_) => StoreError::Contended { tries },
+                        other => other,
+                    });
+                }
+                tokio::time::sleep(backoff(tries)).await;
+            }
+        };
+        let bound = self.settings.call_bound();
+        tokio::time::timeout(bound, work)
+            .await
+            .map_err(|_| StoreError::Timeout {
+                ms: bound.as_millis(),
+            })?
+    }
+}
+
+/// The connection settings of `url`, with this sidecar's timeouts added.
+fn connection_config(
+    url: &str,
+    settings: &StoreSettings,
+) -> Result<tokio_postgres::Config, StoreError> {
+    // The parser's message may quote the URL, password and all: not shown.
+    let mut config = tokio_postgres::Config::from_str(url).map_err(|_| {
+        StoreError::PostgresUrl(
+            "it does not parse as a postgres:// URL (see the PostgreSQL connection URI format)"
+                .into(),
+        )
+    })?;
+    match config.get_ssl_mode() {
+        SslMode::Disable | SslMode::Prefer => {}
+        _ => {
+            return Err(StoreError::PostgresUrl(
+                "sslmode=require: this build connects without TLS (use a Unix socket or a private network, and sslmode=disable or prefer)"
+                    .into(),
+            ));
+        }
+    }
+    let ms = |d: Duration| d.as_millis();
+    // Server-side bounds: a statement (lock waits included) ends at the
+    // statement timeout, and a session that stopped mid-transaction does
+    // not hold its row locks for longer than twice that.
+    let bounds = format!(
+        "-c statement_timeout={} -c idle_in_transaction_session_timeout={}",
+        ms(settings.statement_timeout).max(1),
+        ms(settings.statement_timeout.saturating_mul(2)).max(1)
+    );
+    let options = match config.get_options() {
+        Some(given) if !given.trim().is_empty() => format!("{given} {bounds}"),
+        _ => bounds,
+    };
+    config.options(options);
+    if config.get_application_name().is_none() {
+        config.application_name("toolgate");
+    }
+    config.connect_timeout(settings.connect_timeout);
+    // A peer that vanished without a word (no FIN) is noticed in about a
+    // minute, not the system default of two hours.
+    config.keepalives_idle(Duration::from_secs(30));
+    Ok(config)
+}
+
+fn pool_error(e: PoolError) -> StoreError {
+    match e {
+        PoolError::Backend(e) => StoreError::Postgres(e),
+        other => StoreError::Pool(other.to_string()),
+    }
+}
+
+/// A serialization failure or a deadlock: the database rolled the whole
+/// transaction back, so running it again is safe.
+fn is_transient(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+    })
+}
+
+/// 2, 4, 8 … ms (at most 128), plus up to as much again at random, so
+/// that the losers of one race do not meet again.
+fn backoff(tries: u32) -> Duration {
+    let base = 1u64 << tries.min(7);
+    let jitter = u64::try_from(uuid::Uuid::new_v4().as_u128() % u128::from(base)).unwrap_or(0);
+    Duration::from_millis(base + jitter)
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn pending_approval_for_call(
+        &self,
+        new: NewApproval,
+        now: UnixMillis,
+    ) -> Result<(ApprovalRecord, bool), StoreError> {
+        let new = &new;
+        let origin = &*self.origin;
+        self.run(|mut client| async move {
+            let call = "tenant_id = $1 AND requester_subject_id = $2 AND tool = $3 \
+                        AND arguments_sha256 = $4 AND request_id = $5";
+            let tx = client.transaction().await?;
+            // A pending approval past its expiry is no longer pending.
+            tx.execute(
+                &format!(
+                    "UPDATE approvals SET status = 'EXPIRED' \
+                     WHERE status = 'PENDING' AND expires_at <= $6 AND {call}"
+                ),
+                &[
+                    &new.tenant_id,
+                    &new.requester_subject_id,
+                    &new.tool,
+                    &new.arguments_sha256,
+                    &new.request_id,
+                    &now,
+                ],
+            )
+            .await?;
+            // The partial unique index admits one PENDING per call: of two
+            // racing inserts, the second waits for the first and writes
+            // nothing.
+            let insert = format!(
+                "WITH created AS (INSERT INTO approvals ({APPROVAL_COLUMNS}) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'PENDING', $11, $12, NULL, NULL, NULL, NULL) \
+                 ON CONFLICT (tenant_id, requester_subject_id, tool, arguments_sha256, request_id) \
+                 WHERE status = 'PENDING' DO NOTHING RETURNING *) \
+                 SELECT {APPROVAL_COLUMNS}, {} FROM created",
+                Self::announce(ApprovalEventKind::Created, "$13")
+            );
+            let created = tx
+                .query_opt(
+                    &insert,
+                    &[
+                        &new.approval_id,
+                        &new.tenant_id,
+                        &new.requester_subject_id,
+                        &new.agent_id,
+                        &new.tool,
+                        &new.tool_version,
+                        &new.risk.as_str(),
+                        &new.arguments_sha256,
+                        &new.display_arguments,
+                        &new.request_id,
+                        &new.created_at,
+                        &new.expires_at,
+                        &origin,
+                    ],
+                )
+                .await?;
+            let answer = match created {
+                Some(row) => (approval_from_row(&row)?, true),
+                None => {
+                    let existing = tx
+                        .query_opt(
+                            &format!(
+                                "SELECT {APPROVAL_COLUMNS} FROM approvals \
+                                 WHERE status = 'PENDING' AND {call}"
+                            ),
+                            &[
+                                &new.tenant_id,
+                                &new.requester_subject_id,
+                                &new.tool,
+                                &new.arguments_sha256,
+                                &new.request_id,
+                            ],
+                        )
+                        .await?;
+                    match existing {
+                        Some(row) => (approval_from_row(&row)?, false),
+                        // Decided between our insert and this read: again.
+                        None => return Err(Failure::Retry),
+                    }
+                }
+            };
+            tx.commit().await?;
+            Ok(answer)
+        })
+        .await
+    }
+
+    async fn get_approval(
+        &self,
+        tenant_id: &str,
+        approval_id: &str,
+    ) -> Result<Option<ApprovalRecord>, StoreError> {
+        self.run(|client| async move {
+            let stmt = client
+                .prepare_cached(&format!(
+                    "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = $1 AND approval_id = $2"
+                ))
+                .await?;
+            let row = client.query_opt(&stmt, &[&tenant_id, &approval_id]).await?;
+            Ok(row.as_ref().map(approval_from_row).transpose()?)
+        })
+        .await
+    }
+
+    async fn consume_approval(
+        &self,
+        tenant_id: &str,
+        approval_id: &str,
+        idempotency_key: &str,
+        now: UnixMillis,
+    ) -> Result<ApprovalUse, StoreError> {
+        let origin = &*self.origin;
+        self.run(|client| async move {
+            // One conditional statement: the first key wins.
+            let consume = client
+                .prepare_cached(&format!(
+                    "WITH used AS (UPDATE approvals SET consumed_by_idempotency_key = $3 \
+                     WHERE tenant_id = $1 AND approval_id = $2 AND status = 'APPROVED' \
+                     AND expires_at > $4 AND consumed_by_idempotency_key IS NULL RETURNING approval_id) \
+                     SELECT {} FROM used",
+                    Self::announce(ApprovalEventKind::Consumed, "$5")
+                ))
+                .await?;
+            let first = client
+                .query(
+                    &consume,
+                    &[&tenant_id, &approval_id, &idempotency_key, &now, &origin],
+                )
+                .await?;
+            if !first.is_empty() {
+                return Ok(ApprovalUse::Consumed { first: true });
+            }
+            let state = client
+                .prepare_cached(
+                    "SELECT status, expires_at, consumed_by_idempotency_key FROM approvals \
+                     WHERE tenant_id = $1 AND approval_id = $2",
+                )
+                .await?;
+            let Some(row) = client.query_opt(&state, &[&tenant_id, &approval_id]).await? else {
+                return Ok(ApprovalUse::NotUsable);
+            };
+            let status: &str = row.try_get(0)?;
+            let expires_at: i64 = row.try_get(1)?;
+            let by: Option<&str> = row.try_get(2)?;
+            Ok(match by {
+                Some(k) if k == idempotency_key && status == "APPROVED" && expires_at > now => {
+                    ApprovalUse::Consumed { first: false }
+                }
+                Some(k) if k != idempotency_key => ApprovalUse::ConsumedByOther,
+                _ => ApprovalUse::NotUsable,
+            })
+        })
+        .await
+    }
+
+    async fn list_approvals(
+        &self,
+        tenant_id: &str,
+        status: Option<ApprovalStatus>,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRecord>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let status = status.map(ApprovalStatus::as_str);
+        let after = after.as_deref();
+        self.run(|client| async move {
+            let stmt = client
+                .prepare_cached(&format!(
+                    "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = $1 \
+                     AND ($2::text IS NULL OR status = $2::text) \
+                     AND ($3::text IS NULL OR approval_id > $3::text) \
+                     ORDER BY approval_id LIMIT $4"
+                ))
+                .await?;
+            let rows = client
+                .query(&stmt, &[&tenant_id, &status, &after, &limit])
+                .await?;
+            Ok(approval_rows(&rows)?)
+        })
+        .await
+    }
+
+    async fn decide_approval(
+        &self,
+        tenant_id: &str,
+        approval_id: &str,
+        d: ApprovalDecision,
+    ) -> Result<DecideOutcome, StoreError> {
+        let d = &d;
+        let origin = &*self.origin;
+        self.run(|client| async move {
+            let status = if d.approve { "APPROVED" } else { "REJECTED" };
+            // The condition on PENDING makes the first decision win.
+            let decide = client
+                .prepare_cached(&format!(
+                    "WITH decided AS (UPDATE approvals SET status = $3::text, decided_by = $4, \
+                     decided_at = $5, reason = $6, \
+                     expires_at = CASE WHEN $3::text = 'APPROVED' THEN $7 ELSE expires_at END \
+                     WHERE tenant_id = $1 AND approval_id = $2 AND status = 'PENDING' \
+                     AND expires_at > $5 RETURNING *) \
+                     SELECT {APPROVAL_COLUMNS}, {} FROM decided",
+                    Self::announce(ApprovalEventKind::Decided, "$8")
+                ))
+                .await?;
+            let decided = client
+                .query_opt(
+                    &decide,
+                    &[
+                        &tenant_id,
+                        &approval_id,
+                        &status,
+                        &d.decided_by,
+                        &d.decided_at,
+                        &d.reason,
+                        &d.approved_expires_at,
+                        &origin,
+                    ],
+                )
+                .await?;
+            if let Some(row) = decided {
+                return Ok(DecideOutcome::Decided(approval_from_row(&row)?));
+            }
+            let read = client
+                .prepare_cached(&format!(
+                    "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = $1 AND approval_id = $2"
+                ))
+                .await?;
+            Ok(
+                match client.query_opt(&read, &[&tenant_id, &approval_id]).await? {
+                    Some(row) => DecideOutcome::AlreadyDecided(approval_from_row(&row)?),
+                    None => DecideOutcome::NotFound,
+                },
+            )
+        })
+        .await
+    }
+
+    async fn expire_due(&self, now: UnixMillis) -> Result<Vec<ApprovalRecord>, StoreError> {
+        let origin = &*self.origin;
+        self.run(|client| async move {
+            // Rows another transaction holds (a decision, a consumption, a
+            // sweep on another replica) are skipped, not waited for; the
+            // replica whose UPDATE returns a row is the one that announces it.
+            let expire = client
+                .prepare_cached(&format!(
+                    "WITH due AS (SELECT approval_id FROM approvals WHERE expires_at <= $1 \
+                     AND (status = 'PENDING' OR (status = 'APPROVED' AND consumed_by_idempotency_key IS NULL)) \
+                     ORDER BY approval_id FOR UPDATE SKIP LOCKED), \
+                     expired AS (UPDATE approvals SET status = 'EXPIRED' \
+                     WHERE approval_id IN (SELECT approval_id FROM due) RETURNING *) \
+                     SELECT {APPROVAL_COLUMNS}, {} FROM expired ORDER BY approval_id",
+                    Self::announce(ApprovalEventKind::Expired, "$2")
+                ))
+                .await?;
+            let rows = client.query(&expire, &[&now, &origin]).await?;
+            Ok(approval_rows(&rows)?)
+        })
+        .await
+    }
+
+    async fn begin_execution(&self, step: ledger::Begin) -> Result<BeginAnswer, StoreError> {
+        self.run(|client| transition(client, &step)).await
+    }
+
+    async fn complete_execution(&self, step: ledger::Complete) -> Result<Settled, StoreError> {
+        self.run(|client| transition(client, &step)).await
+    }
+
+    async fn reconcile_execution(
+        &self,
+        step: ledger::Reconcile,
+    ) -> Result<Option<Settled>, StoreError> {
+        self.run(|client| transition(client, &step)).await
+    }
+
+    async fn get_execution(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+    ) -> Result<Option<ExecutionRecord>, StoreError> {
+        self.run(|client| async move {
+            let stmt = client
+                .prepare_cached(&format!(
+                    "SELECT {EXECUTION_COLUMNS} FROM executions \
+                     WHERE tenant_id = $1 AND idempotency_key = $2"
+                ))
+                .await?;
+            let row = client
+                .query_opt(&stmt, &[&tenant_id, &idempotency_key])
+                .await?;
+            Ok(row.as_ref().map(execution_from_row).transpose()?)
+        })
+        .await
+    }
+
+    async fn collect_executions(&self, collect: Collect) -> Result<usize, StoreError> {
+        let limit = i64::try_from(collect.limit).unwrap_or(i64::MAX);
+        self.run(|client| async move {
+            // Exactly `Collect::covers`, at most `limit` rows; a record a
+            // transition holds right now is left for the next sweep.
+            let stmt = client
+                .prepare_cached(
+                    "DELETE FROM executions WHERE (tenant_id, idempotency_key) IN \
+                     (SELECT tenant_id, idempotency_key FROM executions WHERE updated_at <= $1 \
+                     AND NOT (state = 'IN_PROGRESS' AND lease_expires_at > $2) \
+                     LIMIT $3 FOR UPDATE SKIP LOCKED)",
+                )
+                .await?;
+            let n = client
+                .execute(
+                    &stmt,
+                    &[&collect.updated_at_or_before, &collect.now, &limit],
+                )
+                .await?;
+            Ok(usize::try_from(n).unwrap_or(usize::MAX))
+        })
+        .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.run(|client| async move {
+            client.simple_query("SELECT 1").await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn relay_approval_events(
+        &self,
+        events: Arc<ApprovalEvents>,
+    ) -> Result<Option<tokio::task::JoinHandle<()>>, StoreError> {
+        let first = self.listen().await?;
+        let store = self.clone();
+        Ok(Some(tokio::spawn(async move {
+            let mut listening = Some(first);
+            let mut failures: u32 = 0;
+            loop {
+                if let Some((client, mut notifications)) = listening.take() {
+                    failures = 0;
+                    while let Some(n) = notifications.recv().await {
+                        store.relay_one(&events, n.payload()).await;
+                    }
+                    drop(client);
+                    // Whatever was sent from now until we listen again is lost.
+                    events.announce_gap();
+                }
+                failures = failures.saturating_add(1);
+                let wait = Duration::from_millis(100u64 << failures.min(6)).min(MAX_RELAY_BACKOFF);
+                tokio::time::sleep(wait).await;
+                match store.listen().await {
+                    Ok(again) => {
+                        tracing::info!("the approval event relay listens again");
+                        // Watchers that came while it was down missed events too.
+                        events.announce_gap();
+                        listening = Some(again);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the approval event relay cannot listen yet");
+                    }
+                }
+            }
+        })))
+    }
+}
