@@ -12,6 +12,7 @@
 )]
 
 mod approvals;
+mod architecture;
 mod audit;
 mod authorize;
 mod cli;
