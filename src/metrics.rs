@@ -6,9 +6,10 @@
 //! codes, decisions and states come from fixed tables. This module counts;
 //! it decides nothing and never sees arguments or tokens.
 //!
-//! The policy reloader keeps its own counters ([`crate::policy::ReloadMetrics`]);
-//! they and the live `policy_version` are read at each scrape, so the
-//! exported values are the reloader's, never a copy that could drift.
+//! The policy reloader keeps its own counters; they and the live
+//! `policy_version` are read at each scrape through [`PolicyGauges`] (which
+//! the reloader implements, so this module depends on no policy type), and
+//! the exported values are the reloader's, never a copy that could drift.
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -23,7 +24,15 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::policy::PolicyReloader;
+/// What the metrics read of the live policy set at each scrape.
+pub trait PolicyGauges: Send + Sync + std::fmt::Debug {
+    /// Reloads that put a valid set live (changed or not).
+    fn reloads_succeeded(&self) -> u64;
+    /// Reloads refused (the last good set stayed live).
+    fn reloads_failed(&self) -> u64;
+    /// The live set's `policy_version`.
+    fn policy_version(&self) -> String;
+}
 
 /// The label value for a tool name that is not loaded.
 pub const UNKNOWN_TOOL: &str = "unknown";
@@ -84,7 +93,7 @@ pub struct Metrics {
     approvals: Family<StateLabels, Counter>,
     approval_decisions: Family<OutcomeLabels, Counter>,
     ledger: Family<LedgerLabels, Counter>,
-    policies: Arc<OnceLock<Arc<PolicyReloader>>>,
+    policies: Arc<OnceLock<Arc<dyn PolicyGauges>>>,
     rate_limited: Family<ScopeLabels, Counter>,
     access_denied: Family<ServiceLabels, Counter>,
     store_errors: Counter,
@@ -248,7 +257,7 @@ impl Metrics {
 
     /// Exports `reloader`'s reload counters and live policy version from
     /// now on. The first reloader given is the one exported.
-    pub fn watch_policies(&self, reloader: Arc<PolicyReloader>) {
+    pub fn watch_policies(&self, reloader: Arc<dyn PolicyGauges>) {
         let _ = self.policies.set(reloader);
     }
 
@@ -304,14 +313,13 @@ impl Metrics {
 /// `toolgate_policy_reloads_total{result}` and
 /// `toolgate_policy_version_info{policy_version} 1`.
 #[derive(Debug)]
-struct PolicyCollector(Arc<OnceLock<Arc<PolicyReloader>>>);
+struct PolicyCollector(Arc<OnceLock<Arc<dyn PolicyGauges>>>);
 
 impl Collector for PolicyCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let Some(reloader) = self.0.get() else {
             return Ok(());
         };
-        let counts = reloader.metrics();
         {
             let mut family = encoder.encode_descriptor(
                 "policy_reloads",
@@ -321,13 +329,13 @@ impl Collector for PolicyCollector {
                 MetricType::Counter,
             )?;
             for (result, n) in [
-                ("succeeded", counts.succeeded()),
-                ("failed", counts.failed()),
+                ("succeeded", reloader.reloads_succeeded()),
+                ("failed", reloader.reloads_failed()),
             ] {
                 ConstCounter::new(n).encode(family.encode_family(&[("result", result)])?)?;
             }
         }
-        let version = reloader.live().load().version().to_owned();
+        let version = reloader.policy_version();
         let mut family = encoder.encode_descriptor(
             "policy_version_info",
             "The live policy set: always 1, labelled with its policy_version",

@@ -33,7 +33,6 @@ use crate::decision::ToolCallAuthorizer;
 use crate::ledger::desk::LedgerDesk;
 use crate::metrics::Metrics;
 use crate::policy::PolicyReloader;
-use crate::store::StoreError;
 
 /// The generated wire types, private to the crate except through `pb`.
 #[allow(
@@ -60,8 +59,6 @@ pub enum ServeError {
     Origin(String),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
-    #[error("the approval event relay: {0}")]
-    Store(#[from] StoreError),
 }
 
 /// The desks the gRPC surface translates for, as [`crate::server`] wired them.

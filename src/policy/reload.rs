@@ -224,6 +224,20 @@ impl PolicyReloader {
     }
 }
 
+impl crate::metrics::PolicyGauges for PolicyReloader {
+    fn reloads_succeeded(&self) -> u64 {
+        self.metrics().succeeded()
+    }
+
+    fn reloads_failed(&self) -> u64 {
+        self.metrics().failed()
+    }
+
+    fn policy_version(&self) -> String {
+        self.live().load().version().to_owned()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

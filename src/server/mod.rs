@@ -46,7 +46,7 @@ pub enum ServerError {
     /// The policy folder does not load; each diagnostic has its file:line.
     #[error("the policy set in `{}` is invalid", .dir.display())]
     Policies { dir: PathBuf, errors: LoadErrors },
-    #[error("opening the store: {0}")]
+    #[error("the store: {0}")]
     Store(#[from] StoreError),
     #[error("starting the audit log: {0}")]
     Audit(#[from] AuditError),
@@ -122,7 +122,7 @@ pub async fn assemble(
     let store = crate::store::open(&config.store, config.store_settings).await?;
     let metrics = Arc::new(Metrics::default());
     // Before anything is served: a scrape never misses the policy series.
-    metrics.watch_policies(Arc::clone(&policies));
+    metrics.watch_policies(Arc::clone(&policies) as Arc<dyn crate::metrics::PolicyGauges>);
     let audit = Arc::new(Audit::start(&config.audit, Arc::clone(&metrics))?);
     let verifier = verifier(config)?;
     let events = Arc::new(ApprovalEvents::default().with_metrics(Arc::clone(&metrics)));
@@ -289,8 +289,7 @@ pub async fn serve(
     let relay = services
         .store
         .relay_approval_events(Arc::clone(&services.events))
-        .await
-        .map_err(ServeError::from)?;
+        .await?;
     let running = jobs::start(&services);
     let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     let metrics_server = listeners.metrics.map(|l| {
