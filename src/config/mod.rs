@@ -1,0 +1,366 @@
+//! Configuration: `toolgate.toml`, overridden by `TOOLGATE_*` environment
+//! variables and command-line flags (in that order of precedence, flags last).
+//!
+//! The file is parsed into a raw struct that refuses unknown keys, then
+//! validated into a typed [`Config`].
+//!
+//! Every key has an environment variable: `TOOLGATE_` + the key in capitals,
+//! with `__` between nesting levels (`TOOLGATE_AUDIT__SINK`,
+//! `TOOLGATE_RATE_LIMITS__TENANT__PER_SECOND`). A value is read as a TOML
+//! value when it parses as one (`true`, `5`, `["a"]`, `[{caller="any"}]`),
+//! else as a string; quote a string that looks like a number
+//! (`TOOLGATE_AUDIENCE='"123"'`). The environment goes through the same
+//! raw struct as the file, so an unknown `TOOLGATE_*` variable is an error
+//! exactly like an unknown key — a typo never silently leaves a default in
+//! place. [`CLIENT_VARIABLES`] are the only exceptions: they configure
+//! toolgate's clients and test harness, not the server.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::access::AccessPolicy;
+use crate::audit::AuditConfig;
+use crate::decision::AuthorizerConfig;
+use crate::decode::Limits;
+use crate::identity::VerifierConfig;
+use crate::ledger::LedgerConfig;
+use crate::policy::ReloadTriggers;
+use crate::store::StoreSettings;
+
+/// How long changes to the policy folder must be quiet before a reload.
+pub const DEFAULT_RELOAD_DEBOUNCE: Duration = Duration::from_millis(250);
+/// The longest debounce accepted: decisions should follow an edit within seconds.
+pub const MAX_RELOAD_DEBOUNCE_MS: u64 = 10_000;
+use crate::ratelimit::RateLimitConfig;
+
+/// `TOOLGATE_*` variables read by toolgate's clients, examples and test
+/// harness; the server ignores them. Any other `TOOLGATE_*` variable must
+/// name a config key.
+pub const CLIENT_VARIABLES: [&str; 10] = [
+    "TOOLGATE_CONFIG",
+    "TOOLGATE_ADDR",
+    "TOOLGATE_IDENTITY_TOKEN",
+    "TOOLGATE_PYTHON",
+    "TOOLGATE_NODE",
+    "TOOLGATE_CONFORMANCE_DIR",
+    "TOOLGATE_PROTO_DIR",
+    // The PostgreSQL server of the test suite (scripts/test.sh exports it,
+    // so every sidecar a test starts inherits it).
+    "TOOLGATE_TEST_POSTGRES",
+    // Whether a test may skip when a prerequisite is missing, and where it
+    // records the skip (scripts/test.sh --allow-skips sets both).
+    "TOOLGATE_ALLOW_SKIPS",
+    "TOOLGATE_SKIP_LOG",
+];
+
+/// The largest clock-skew leeway accepted for identity tokens. A leeway is
+/// for clocks that drift by seconds; minutes would quietly extend every
+/// token's life.
+pub const MAX_LEEWAY_SECONDS: u64 = 300;
+
+/// How often due approvals are marked expired.
+pub const DEFAULT_APPROVAL_EXPIRY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The default listen address: loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+/// The default store: an embedded SQLite file under `./toolgate-data/`.
+pub const DEFAULT_STORE: &str = "sqlite://toolgate-data/toolgate.db";
+
+/// Why the configuration is unusable.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ConfigError {
+    #[error("cannot read config file `{path}`: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config file `{path}`: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("invalid `{key}`: {reason}")]
+    Invalid { key: &'static str, reason: String },
+    #[error("invalid TOOLGATE_* environment: {source}")]
+    Environment {
+        #[source]
+        source: toml::de::Error,
+    },
+}
+
+fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        reason: reason.into(),
+    }
+}
+
+mod raw;
+mod sections;
+mod sources;
+#[cfg(test)]
+mod tests;
+
+use raw::RawConfig;
+use sections::{
+    access_policy, audit_config, ledger_config, rate_limits, reload_triggers, store_settings,
+    verifier_config,
+};
+use sources::{env_table, merge, read};
+
+/// Values given on the command line or in the environment (already merged
+/// by the argument parser); each overrides the file.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub policies: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub store: Option<String>,
+    pub jwks_file: Option<PathBuf>,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+    pub metrics_listen: Option<String>,
+}
+
+/// Where the sidecar listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub policies: PathBuf,
+    pub listen: ListenAddr,
+    pub store: String,
+    /// Pool size, timeouts and the health probe of a shared database.
+    pub store_settings: StoreSettings,
+    pub jwks_file: Option<PathBuf>,
+    /// Issuer, audience, leeway and claim names for identity tokens.
+    pub verifier: VerifierConfig,
+    pub authorizer: AuthorizerConfig,
+    pub ledger: LedgerConfig,
+    /// What reloads the policy folder while serving (default: a watch with
+    /// a 250 ms debounce, and SIGHUP).
+    pub reload: ReloadTriggers,
+    /// Where Prometheus metrics are served (`host:port`), if anywhere.
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Executors must send an identity token; the principal comes from it.
+    pub require_identity_token: bool,
+    /// Permission bits of a Unix socket listener (default 0600).
+    pub unix_socket_mode: u32,
+    pub tls: Option<TlsFiles>,
+    pub access: AccessPolicy,
+    pub audit: AuditConfig,
+    pub rate_limits: RateLimitConfig,
+    /// NOT_SERVING before calls stop being accepted.
+    pub drain: Duration,
+    /// How long in-flight calls get to finish.
+    pub grace: Duration,
+    /// Origins allowed to call over gRPC-Web (CORS).
+    pub cors_origins: Vec<String>,
+    /// How often due approvals are marked expired and announced (1 s; not
+    /// a file key: tests on an injected clock shorten it).
+    pub approval_expiry_interval: Duration,
+}
+
+/// `[tls]` files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+impl Config {
+    /// Loads `path` (or `./toolgate.toml` if it exists and no path is
+    /// given), then applies the overrides.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for an unreadable file, an unknown key, or an invalid value.
+    pub fn load(path: Option<&Path>, overrides: Overrides) -> Result<Self, ConfigError> {
+        let env: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("TOOLGATE_"))
+            .collect();
+        Self::load_with_env(path, &env, overrides)
+    }
+
+    /// Every default, then the overrides: no file and no environment is
+    /// read (`toolgate authorize`, `toolgate test`, tests and benches).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for an invalid override.
+    pub fn with_defaults(overrides: Overrides) -> Result<Self, ConfigError> {
+        Self::from_raw(RawConfig::default(), overrides)
+    }
+
+    /// [`Config::load`] with the environment given, not read.
+    ///
+    /// # Errors
+    /// [`ConfigError`] as for [`Config::load`], and for a `TOOLGATE_*`
+    /// variable that names no key or holds an invalid value.
+    pub fn load_with_env(
+        path: Option<&Path>,
+        env: &[(String, String)],
+        overrides: Overrides,
+    ) -> Result<Self, ConfigError> {
+        let mut table = match path {
+            Some(p) => read(p)?,
+            None if Path::new("toolgate.toml").is_file() => read(Path::new("toolgate.toml"))?,
+            None => toml::Table::new(),
+        };
+        let env = env_table(env);
+        // The environment alone first, so its errors name it.
+        toml::Value::Table(env.clone())
+            .try_into::<RawConfig>()
+            .map_err(|source| ConfigError::Environment { source })?;
+        merge(&mut table, env);
+        let raw: RawConfig =
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|source| ConfigError::Parse {
+                    path: path.map_or_else(|| PathBuf::from("toolgate.toml"), Path::to_path_buf),
+                    source,
+                })?;
+        Self::from_raw(raw, overrides)
+    }
+
+    fn from_raw(raw: RawConfig, o: Overrides) -> Result<Self, ConfigError> {
+        let listen = o
+            .listen
+            .or(raw.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+        let listen = match listen.strip_prefix("unix:") {
+            Some(p) if !p.is_empty() => ListenAddr::Unix(PathBuf::from(p)),
+            Some(_) => {
+                return Err(ConfigError::Invalid {
+                    key: "listen",
+                    reason: "`unix:` needs a path".into(),
+                });
+            }
+            None => {
+                if listen.parse::<std::net::SocketAddr>().is_err() {
+                    return Err(ConfigError::Invalid {
+                        key: "listen",
+                        reason: format!("`{listen}` is not host:port or unix:/path"),
+                    });
+                }
+                ListenAddr::Tcp(listen)
+            }
+        };
+        let mut authorizer = AuthorizerConfig::default();
+        let defaults = Limits::default();
+        authorizer.limits = Limits {
+            max_bytes: raw.limits.max_argument_bytes.unwrap_or(defaults.max_bytes),
+            max_depth: raw.limits.max_depth.unwrap_or(defaults.max_depth),
+        };
+        if authorizer.limits.max_bytes == 0 || authorizer.limits.max_depth == 0 {
+            return Err(ConfigError::Invalid {
+                key: "limits",
+                reason: "limits must be positive".into(),
+            });
+        }
+        if let Some(ms) = raw.decisions.deadline_margin_ms {
+            authorizer.deadline_margin = Duration::from_millis(ms);
+        }
+        if let Some(s) = raw.decisions.pending_approval_ttl_seconds {
+            if s == 0 {
+                return Err(ConfigError::Invalid {
+                    key: "decisions.pending_approval_ttl_seconds",
+                    reason: "must be positive".into(),
+                });
+            }
+            authorizer.pending_approval_ttl = Duration::from_secs(s);
+        }
+        if let Some(n) = raw.decisions.max_violations {
+            authorizer.violation_cap = n.max(1);
+        }
+        let metrics_listen = o
+            .metrics_listen
+            .or(raw.metrics_listen)
+            .map(|m| {
+                m.parse::<std::net::SocketAddr>()
+                    .map_err(|_| invalid("metrics_listen", format!("`{m}` is not host:port")))
+            })
+            .transpose()?;
+        let tls = raw.tls.map(|t| TlsFiles {
+            cert: t.cert,
+            key: t.key,
+            client_ca: t.client_ca,
+        });
+        let access = access_policy(raw.access, &listen, tls.as_ref())?;
+        let jwks_file = o.jwks_file.or(raw.jwks_file);
+        let require_identity_token = raw.require_identity_token.unwrap_or(false);
+        if require_identity_token && jwks_file.is_none() {
+            return Err(invalid(
+                "require_identity_token",
+                "needs `jwks_file`: tokens are verified against it",
+            ));
+        }
+        let unix_socket_mode = match raw.unix_socket_mode {
+            None => 0o600,
+            Some(text) => {
+                let mode = u32::from_str_radix(&text, 8)
+                    .map_err(|_| invalid("unix_socket_mode", format!("`{text}` is not octal")))?;
+                if mode & !0o770 != 0 || mode & 0o600 != 0o600 {
+                    return Err(invalid(
+                        "unix_socket_mode",
+                        "must give the owner read and write and never anything to others (e.g. 0600, 0660)",
+                    ));
+                }
+                mode
+            }
+        };
+        for origin in &raw.grpc_web.allowed_origins {
+            let ok = (origin.starts_with("https://") || origin.starts_with("http://"))
+                && !origin.contains('*')
+                && !origin.ends_with('/');
+            if !ok {
+                return Err(invalid(
+                    "grpc_web.allowed_origins",
+                    format!("`{origin}` is not an exact origin like https://approvals.example.com"),
+                ));
+            }
+        }
+        let defaults = AuditConfig::default();
+        let shutdown_default = Duration::from_secs(10);
+        Ok(Self {
+            metrics_listen,
+            require_identity_token,
+            unix_socket_mode,
+            tls,
+            access,
+            audit: audit_config(raw.audit, defaults)?,
+            rate_limits: rate_limits(raw.rate_limits)?,
+            drain: Duration::from_millis(raw.shutdown.drain_ms.unwrap_or(0)),
+            grace: raw
+                .shutdown
+                .grace_ms
+                .map_or(shutdown_default, Duration::from_millis),
+            cors_origins: raw.grpc_web.allowed_origins,
+            approval_expiry_interval: DEFAULT_APPROVAL_EXPIRY_INTERVAL,
+            policies: o
+                .policies
+                .or(raw.policies)
+                .unwrap_or_else(|| PathBuf::from("policies")),
+            listen,
+            store: o
+                .store
+                .or(raw.store.url)
+                .unwrap_or_else(|| DEFAULT_STORE.to_owned()),
+            store_settings: store_settings(&raw.store.settings)?,
+            jwks_file,
+            verifier: verifier_config(
+                o.issuer.or(raw.issuer),
+                o.audience.or(raw.audience),
+                raw.identity,
+            )?,
+            authorizer,
+            ledger: ledger_config(&raw.ledger)?,
+            reload: reload_triggers(&raw.reload)?,
+        })
+    }
+}

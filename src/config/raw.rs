@@ -1,0 +1,206 @@
+//! The raw shape of `toolgate.toml` and of the `TOOLGATE_*` environment:
+//! what serde reads, unknown keys refused, nothing validated yet.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub(super) policies: Option<PathBuf>,
+    pub(super) listen: Option<String>,
+    #[serde(default)]
+    pub(super) store: RawStore,
+    pub(super) jwks_file: Option<PathBuf>,
+    pub(super) issuer: Option<String>,
+    pub(super) audience: Option<String>,
+    #[serde(default)]
+    pub(super) limits: RawLimits,
+    #[serde(default)]
+    pub(super) decisions: RawDecisions,
+    #[serde(default)]
+    pub(super) identity: RawIdentity,
+    #[serde(default)]
+    pub(super) ledger: RawLedger,
+    #[serde(default)]
+    pub(super) reload: RawReload,
+    pub(super) metrics_listen: Option<String>,
+    pub(super) require_identity_token: Option<bool>,
+    pub(super) unix_socket_mode: Option<String>,
+    pub(super) tls: Option<RawTls>,
+    #[serde(default)]
+    pub(super) access: Vec<RawGrant>,
+    #[serde(default)]
+    pub(super) audit: RawAudit,
+    #[serde(default)]
+    pub(super) rate_limits: RawRateLimits,
+    #[serde(default)]
+    pub(super) shutdown: RawShutdown,
+    #[serde(default)]
+    pub(super) grpc_web: RawGrpcWeb,
+}
+
+/// `[ledger]`: the execution ledger's budget, leases and retention.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLedger {
+    pub(super) default_max_attempts: Option<u32>,
+    pub(super) lease_margin_ms: Option<u64>,
+    pub(super) max_lease_ms: Option<u64>,
+    pub(super) retention_seconds: Option<u64>,
+    pub(super) collect_interval_seconds: Option<u64>,
+    pub(super) collect_batch: Option<usize>,
+}
+
+/// `store = "URL"`, or a `[store]` table with the URL and the settings of a
+/// shared database.
+#[derive(Debug, Default)]
+pub(super) struct RawStore {
+    pub(super) url: Option<String>,
+    pub(super) settings: RawStoreSettings,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStoreSettings {
+    pub(super) url: Option<String>,
+    pub(super) pool_size: Option<usize>,
+    pub(super) connect_timeout_ms: Option<u64>,
+    pub(super) statement_timeout_ms: Option<u64>,
+    pub(super) health_interval_ms: Option<u64>,
+}
+
+impl<'de> Deserialize<'de> for RawStore {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = RawStore;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a store URL or a [store] table")
+            }
+            fn visit_str<E: serde::de::Error>(self, url: &str) -> Result<RawStore, E> {
+                Ok(RawStore {
+                    url: Some(url.to_owned()),
+                    settings: RawStoreSettings::default(),
+                })
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, map: M) -> Result<RawStore, M::Error> {
+                // Through the table's own derive: its unknown keys are named.
+                let mut settings = RawStoreSettings::deserialize(
+                    serde::de::value::MapAccessDeserializer::new(map),
+                )?;
+                Ok(RawStore {
+                    url: settings.url.take(),
+                    settings,
+                })
+            }
+        }
+        d.deserialize_any(Either)
+    }
+}
+
+/// `[reload]`: how the policy folder is reloaded while serving.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReload {
+    pub(super) watch: Option<bool>,
+    pub(super) debounce_ms: Option<u64>,
+    pub(super) sighup: Option<bool>,
+}
+
+/// `[tls]`: the server's certificate and key; with `client_ca`, clients
+/// must present a certificate that CA issued (mutual TLS).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub(super) cert: PathBuf,
+    pub(super) key: PathBuf,
+    pub(super) client_ca: Option<PathBuf>,
+}
+
+/// `[[access]]`: one caller and the services it may call.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawGrant {
+    pub(super) caller: String,
+    pub(super) services: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAudit {
+    /// `stdout`, `none`, or `file:/path`.
+    pub(super) sink: Option<String>,
+    pub(super) queue: Option<usize>,
+    /// `fail_closed` or `drop`.
+    pub(super) when_full: Option<String>,
+    pub(super) full_wait_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRateLimits {
+    pub(super) tenant: Option<RawLimit>,
+    #[serde(default)]
+    pub(super) tools: std::collections::BTreeMap<String, RawLimit>,
+}
+
+/// A bucket: exactly one of the rates, and the burst (default: the rate).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimit {
+    pub(super) per_second: Option<u32>,
+    pub(super) per_minute: Option<u32>,
+    pub(super) per_hour: Option<u32>,
+    pub(super) burst: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawShutdown {
+    pub(super) drain_ms: Option<u64>,
+    pub(super) grace_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawGrpcWeb {
+    #[serde(default)]
+    pub(super) allowed_origins: Vec<String>,
+}
+
+/// `[identity]`: how approver tokens are read.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawIdentity {
+    pub(super) leeway_seconds: Option<u64>,
+    #[serde(default)]
+    pub(super) claims: RawClaims,
+}
+
+/// `[identity.claims]`: the claim names, when the identity provider uses
+/// others than `sub`, `tenant`, `roles` and `scope`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawClaims {
+    pub(super) subject: Option<String>,
+    pub(super) tenant: Option<String>,
+    pub(super) roles: Option<String>,
+    pub(super) scope: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimits {
+    pub(super) max_argument_bytes: Option<usize>,
+    pub(super) max_depth: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDecisions {
+    pub(super) deadline_margin_ms: Option<u64>,
+    pub(super) pending_approval_ttl_seconds: Option<u64>,
+    pub(super) max_violations: Option<usize>,
+}

@@ -1,0 +1,319 @@
+//! Each raw section validated into its typed settings, with the key that
+//! is wrong named in the error.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::raw::{
+    RawAudit, RawGrant, RawIdentity, RawLedger, RawLimit, RawRateLimits, RawReload,
+    RawStoreSettings,
+};
+use super::{
+    ConfigError, DEFAULT_RELOAD_DEBOUNCE, ListenAddr, MAX_LEEWAY_SECONDS, MAX_RELOAD_DEBOUNCE_MS,
+    TlsFiles, invalid,
+};
+use crate::access::{AccessPolicy, CallerPattern, Grant, ServiceName};
+use crate::audit::{AuditConfig, AuditSink, WhenFull};
+use crate::identity::{ClaimNames, VerifierConfig};
+use crate::ledger::LedgerConfig;
+use crate::policy::ReloadTriggers;
+use crate::ratelimit::{Limit, RateLimitConfig};
+use crate::store::StoreSettings;
+
+pub(super) fn ledger_config(raw: &RawLedger) -> Result<LedgerConfig, ConfigError> {
+    let positive = |key: &'static str, v: Option<u64>| match v {
+        Some(0) => Err(ConfigError::Invalid {
+            key,
+            reason: "must be positive".into(),
+        }),
+        other => Ok(other),
+    };
+    let defaults = LedgerConfig::default();
+    positive(
+        "ledger.default_max_attempts",
+        raw.default_max_attempts.map(u64::from),
+    )?;
+    let config = LedgerConfig {
+        default_max_attempts: raw
+            .default_max_attempts
+            .unwrap_or(defaults.default_max_attempts),
+        lease_margin: raw
+            .lease_margin_ms
+            .map_or(defaults.lease_margin, Duration::from_millis),
+        max_lease: positive("ledger.max_lease_ms", raw.max_lease_ms)?
+            .map_or(defaults.max_lease, Duration::from_millis),
+        retention: positive("ledger.retention_seconds", raw.retention_seconds)?
+            .map_or(defaults.retention, Duration::from_secs),
+        collect_interval: positive(
+            "ledger.collect_interval_seconds",
+            raw.collect_interval_seconds,
+        )?
+        .map_or(defaults.collect_interval, Duration::from_secs),
+        collect_batch: positive(
+            "ledger.collect_batch",
+            raw.collect_batch
+                .map(|n| u64::try_from(n).unwrap_or(u64::MAX)),
+        )?
+        .map_or(defaults.collect_batch, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        }),
+    };
+    // A record is collected only once its lease is over anyway; a lease
+    // outliving retention would make a held operation look abandoned.
+    if config.retention <= config.max_lease {
+        return Err(ConfigError::Invalid {
+            key: "ledger.retention_seconds",
+            reason: format!(
+                "must be longer than ledger.max_lease_ms ({} ms)",
+                config.max_lease.as_millis()
+            ),
+        });
+    }
+    Ok(config)
+}
+
+pub(super) fn store_settings(raw: &RawStoreSettings) -> Result<StoreSettings, ConfigError> {
+    let defaults = StoreSettings::default();
+    let millis = |key: &'static str, v: Option<u64>, default: Duration| match v {
+        None => Ok(default),
+        Some(0) => Err(ConfigError::Invalid {
+            key,
+            reason: "must be positive".into(),
+        }),
+        Some(ms) => Ok(Duration::from_millis(ms)),
+    };
+    Ok(StoreSettings {
+        pool_size: match raw.pool_size {
+            None => defaults.pool_size,
+            Some(0) => {
+                return Err(ConfigError::Invalid {
+                    key: "store.pool_size",
+                    reason: "must be positive".into(),
+                });
+            }
+            Some(n) => n,
+        },
+        connect_timeout: millis(
+            "store.connect_timeout_ms",
+            raw.connect_timeout_ms,
+            defaults.connect_timeout,
+        )?,
+        statement_timeout: millis(
+            "store.statement_timeout_ms",
+            raw.statement_timeout_ms,
+            defaults.statement_timeout,
+        )?,
+        health_interval: millis(
+            "store.health_interval_ms",
+            raw.health_interval_ms,
+            defaults.health_interval,
+        )?,
+    })
+}
+
+pub(super) fn reload_triggers(raw: &RawReload) -> Result<ReloadTriggers, ConfigError> {
+    let debounce = match raw.debounce_ms {
+        None => DEFAULT_RELOAD_DEBOUNCE,
+        Some(ms) if (1..=MAX_RELOAD_DEBOUNCE_MS).contains(&ms) => Duration::from_millis(ms),
+        Some(ms) => {
+            return Err(ConfigError::Invalid {
+                key: "reload.debounce_ms",
+                reason: format!("{ms} is not between 1 and {MAX_RELOAD_DEBOUNCE_MS}"),
+            });
+        }
+    };
+    Ok(ReloadTriggers {
+        watch: raw.watch.unwrap_or(true).then_some(debounce),
+        sighup: raw.sighup.unwrap_or(true),
+    })
+}
+
+pub(super) fn verifier_config(
+    issuer: Option<String>,
+    audience: Option<String>,
+    raw: RawIdentity,
+) -> Result<VerifierConfig, ConfigError> {
+    let defaults = VerifierConfig::default();
+    let leeway_seconds = raw.leeway_seconds.unwrap_or(defaults.leeway_seconds);
+    if leeway_seconds > MAX_LEEWAY_SECONDS {
+        return Err(ConfigError::Invalid {
+            key: "identity.leeway_seconds",
+            reason: format!("{leeway_seconds} is more than the maximum of {MAX_LEEWAY_SECONDS}"),
+        });
+    }
+    let names = ClaimNames::default();
+    let pick = |key: &'static str, given: Option<String>, default: String| match given {
+        Some(name) if name.trim().is_empty() => Err(ConfigError::Invalid {
+            key,
+            reason: "a claim name must not be empty".into(),
+        }),
+        Some(name) => Ok(name),
+        None => Ok(default),
+    };
+    let claims = ClaimNames {
+        subject: pick("identity.claims.subject", raw.claims.subject, names.subject)?,
+        tenant: pick("identity.claims.tenant", raw.claims.tenant, names.tenant)?,
+        roles: pick("identity.claims.roles", raw.claims.roles, names.roles)?,
+        scope: pick("identity.claims.scope", raw.claims.scope, names.scope)?,
+    };
+    let nonempty = |key: &'static str, v: Option<String>| match v {
+        Some(s) if s.is_empty() => Err(ConfigError::Invalid {
+            key,
+            reason: "must not be empty (leave it out instead)".into(),
+        }),
+        other => Ok(other),
+    };
+    Ok(VerifierConfig {
+        issuer: nonempty("issuer", issuer)?,
+        audience: nonempty("audience", audience)?,
+        leeway_seconds,
+        claims,
+    })
+}
+
+/// The grants, checked against the listener: who can be told apart there.
+pub(super) fn access_policy(
+    raw: Vec<RawGrant>,
+    listen: &ListenAddr,
+    tls: Option<&TlsFiles>,
+) -> Result<AccessPolicy, ConfigError> {
+    if raw.is_empty() {
+        let loopback = matches!(listen, ListenAddr::Tcp(a)
+            if a.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback()));
+        if loopback && tls.is_none() {
+            return Ok(AccessPolicy::Open);
+        }
+        return Err(invalid(
+            "access",
+            "a Unix socket, TLS or non-loopback listener needs explicit [[access]] grants \
+             (use `caller = \"any\"` to grant a service to every caller)",
+        ));
+    }
+    let mtls = tls.is_some_and(|t| t.client_ca.is_some());
+    let unix = matches!(listen, ListenAddr::Unix(_));
+    let mut grants = Vec::with_capacity(raw.len());
+    for g in raw {
+        let caller = CallerPattern::parse(&g.caller).map_err(|r| invalid("access.caller", r))?;
+        match &caller {
+            CallerPattern::Cn(_) | CallerPattern::San(_) if !mtls => {
+                return Err(invalid(
+                    "access.caller",
+                    format!(
+                        "`{}` needs client certificates: set [tls] client_ca",
+                        g.caller
+                    ),
+                ));
+            }
+            CallerPattern::Uid(_) if !unix => {
+                return Err(invalid(
+                    "access.caller",
+                    format!("`{}` needs a unix:/path listener", g.caller),
+                ));
+            }
+            _ => {}
+        }
+        let mut services = BTreeSet::new();
+        for name in &g.services {
+            let service = ServiceName::parse(name).ok_or_else(|| {
+                invalid(
+                    "access.services",
+                    format!(
+                        "`{name}` is not one of {}",
+                        ServiceName::ALL.map(ServiceName::as_str).join(", ")
+                    ),
+                )
+            })?;
+            services.insert(service);
+        }
+        if services.is_empty() {
+            return Err(invalid(
+                "access.services",
+                "a grant lists at least one service",
+            ));
+        }
+        grants.push(Grant { caller, services });
+    }
+    Ok(AccessPolicy::Grants(grants))
+}
+
+pub(super) fn audit_config(
+    raw: RawAudit,
+    defaults: AuditConfig,
+) -> Result<AuditConfig, ConfigError> {
+    let sink = match raw.sink.as_deref() {
+        None => defaults.sink,
+        Some("stdout") => AuditSink::Stdout,
+        Some("none") => AuditSink::Discard,
+        Some(other) => match other.strip_prefix("file:") {
+            Some(path) if !path.is_empty() => AuditSink::File(PathBuf::from(path)),
+            _ => {
+                return Err(invalid(
+                    "audit.sink",
+                    format!("`{other}` is not `stdout`, `none` or `file:/path`"),
+                ));
+            }
+        },
+    };
+    let when_full = match raw.when_full.as_deref() {
+        None => defaults.when_full,
+        Some("fail_closed") => WhenFull::FailClosed,
+        Some("drop") => WhenFull::Drop,
+        Some(other) => {
+            return Err(invalid(
+                "audit.when_full",
+                format!("`{other}` is not `fail_closed` or `drop`"),
+            ));
+        }
+    };
+    let queue = raw.queue.unwrap_or(defaults.queue);
+    if queue == 0 {
+        return Err(invalid("audit.queue", "must be positive"));
+    }
+    Ok(AuditConfig {
+        sink,
+        queue,
+        when_full,
+        full_wait: raw
+            .full_wait_ms
+            .map_or(defaults.full_wait, Duration::from_millis),
+    })
+}
+
+pub(super) fn rate_limits(raw: RawRateLimits) -> Result<RateLimitConfig, ConfigError> {
+    fn limit(key: &'static str, raw: &RawLimit) -> Result<Limit, ConfigError> {
+        let rates = [
+            (raw.per_second, Duration::from_secs(1)),
+            (raw.per_minute, Duration::from_secs(60)),
+            (raw.per_hour, Duration::from_secs(3600)),
+        ];
+        let mut given = rates.iter().filter_map(|(n, p)| n.map(|n| (n, *p)));
+        let (Some((n, period)), None) = (given.next(), given.next()) else {
+            return Err(invalid(
+                key,
+                "give exactly one of per_second, per_minute, per_hour",
+            ));
+        };
+        let positive = |n: u32| {
+            std::num::NonZeroU32::new(n)
+                .ok_or_else(|| invalid(key, "rates and bursts must be positive"))
+        };
+        Ok(Limit {
+            calls: positive(n)?,
+            period,
+            burst: positive(raw.burst.unwrap_or(n))?,
+        })
+    }
+    Ok(RateLimitConfig {
+        tenant: raw
+            .tenant
+            .as_ref()
+            .map(|l| limit("rate_limits.tenant", l))
+            .transpose()?,
+        tools: raw
+            .tools
+            .iter()
+            .map(|(name, l)| Ok((name.clone(), limit("rate_limits.tools", l)?)))
+            .collect::<Result<_, ConfigError>>()?,
+    })
+}

@@ -1,0 +1,457 @@
+//! The configuration's keys, defaults, environment and errors.
+
+use super::*;
+use crate::access::CallerPattern;
+use crate::audit::{AuditSink, WhenFull};
+
+#[test]
+fn defaults_are_loopback_and_embedded_sqlite() {
+    let c = Config::from_raw(RawConfig::default(), Overrides::default()).unwrap();
+    assert_eq!(c.listen, ListenAddr::Tcp("127.0.0.1:50051".into()));
+    assert_eq!(c.store, "sqlite://toolgate-data/toolgate.db");
+    assert_eq!(c.policies, PathBuf::from("policies"));
+    assert_eq!(
+        c.reload,
+        ReloadTriggers {
+            watch: Some(Duration::from_millis(250)),
+            sighup: true
+        }
+    );
+}
+
+#[test]
+fn the_store_is_a_url_or_a_table_with_its_settings() {
+    let raw: RawConfig = toml::from_str("store = \"postgres://db/toolgate\"\n").unwrap();
+    let c = Config::from_raw(raw, Overrides::default()).unwrap();
+    assert_eq!(c.store, "postgres://db/toolgate");
+    assert_eq!(c.store_settings, StoreSettings::default());
+    let raw: RawConfig = toml::from_str(
+        "[store]\nurl = \"postgres://db/toolgate\"\npool_size = 4\nconnect_timeout_ms = 500\n\
+         statement_timeout_ms = 1500\nhealth_interval_ms = 250\n",
+    )
+    .unwrap();
+    let c = Config::from_raw(
+        raw,
+        Overrides {
+            store: Some("postgres://other/toolgate".into()),
+            ..Overrides::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(c.store, "postgres://other/toolgate");
+    assert_eq!(
+        c.store_settings,
+        StoreSettings {
+            pool_size: 4,
+            connect_timeout: Duration::from_millis(500),
+            statement_timeout: Duration::from_millis(1500),
+            health_interval: Duration::from_millis(250),
+        }
+    );
+    assert_eq!(c.store_settings.call_bound(), Duration::from_millis(2000));
+    let c = Config::from_raw(
+        toml::from_str("[store]\npool_size = 2\n").unwrap(),
+        Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        (c.store.as_str(), c.store_settings.pool_size),
+        (DEFAULT_STORE, 2)
+    );
+    for (text, key) in [
+        ("pool_size = 0", "store.pool_size"),
+        ("connect_timeout_ms = 0", "store.connect_timeout_ms"),
+        ("statement_timeout_ms = 0", "store.statement_timeout_ms"),
+        ("health_interval_ms = 0", "store.health_interval_ms"),
+    ] {
+        let raw: RawConfig = toml::from_str(&format!("[store]\n{text}\n")).unwrap();
+        match Config::from_raw(raw, Overrides::default()) {
+            Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    let unknown = toml::from_str::<RawConfig>("[store]\npool = 1\n").unwrap_err();
+    assert!(
+        unknown.to_string().contains("unknown field `pool`"),
+        "{unknown}"
+    );
+    let wrong = toml::from_str::<RawConfig>("store = 3\n").unwrap_err();
+    assert!(
+        wrong.to_string().contains("a store URL or a [store] table"),
+        "{wrong}"
+    );
+}
+
+#[test]
+fn reload_triggers_are_configurable_and_bounded() {
+    let raw: RawConfig = toml::from_str(
+        "[reload]
+watch = false
+",
+    )
+    .unwrap();
+    let c = Config::from_raw(raw, Overrides::default()).unwrap();
+    assert_eq!(
+        c.reload,
+        ReloadTriggers {
+            watch: None,
+            sighup: true
+        }
+    );
+    let raw: RawConfig = toml::from_str(
+        "[reload]
+debounce_ms = 50
+sighup = false
+",
+    )
+    .unwrap();
+    let c = Config::from_raw(raw, Overrides::default()).unwrap();
+    assert_eq!(
+        c.reload,
+        ReloadTriggers {
+            watch: Some(Duration::from_millis(50)),
+            sighup: false
+        }
+    );
+    for bad in ["0", "10001"] {
+        let raw: RawConfig = toml::from_str(&format!(
+            "[reload]
+debounce_ms = {bad}
+"
+        ))
+        .unwrap();
+        assert!(matches!(
+            Config::from_raw(raw, Overrides::default()),
+            Err(ConfigError::Invalid {
+                key: "reload.debounce_ms",
+                ..
+            })
+        ));
+    }
+}
+
+#[test]
+fn unknown_keys_are_errors_and_flags_win() {
+    let err =
+        toml::from_str::<RawConfig>("listen = \"127.0.0.1:1\"\nlisten_port = 3\n").unwrap_err();
+    assert!(
+        err.to_string().contains("unknown field `listen_port`"),
+        "{err}"
+    );
+    let raw: RawConfig = toml::from_str(
+        "listen = \"127.0.0.1:1\"\n[limits]\nmax_depth = 8\n[[access]]\ncaller = \"any\"\nservices = [\"authorization\"]\n",
+    )
+    .unwrap();
+    let c = Config::from_raw(
+        raw,
+        Overrides {
+            listen: Some("unix:/tmp/tg.sock".into()),
+            ..Overrides::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(c.listen, ListenAddr::Unix("/tmp/tg.sock".into()));
+    assert_eq!(c.authorizer.limits.max_depth, 8);
+    let bad = Config::from_raw(
+        RawConfig::default(),
+        Overrides {
+            listen: Some("nowhere".into()),
+            ..Overrides::default()
+        },
+    );
+    assert!(matches!(
+        bad,
+        Err(ConfigError::Invalid { key: "listen", .. })
+    ));
+}
+
+#[test]
+fn the_ledger_section_sets_budget_leases_and_retention() {
+    let c = Config::from_raw(RawConfig::default(), Overrides::default()).unwrap();
+    assert_eq!(c.ledger, LedgerConfig::default());
+    assert_eq!(c.ledger.retention, Duration::from_secs(86_400));
+    let raw: RawConfig = toml::from_str(
+        "[ledger]\ndefault_max_attempts = 5\nlease_margin_ms = 100\nmax_lease_ms = 60000\n\
+         retention_seconds = 3600\ncollect_interval_seconds = 10\ncollect_batch = 50\n",
+    )
+    .unwrap();
+    let c = Config::from_raw(raw, Overrides::default()).unwrap();
+    assert_eq!(
+        c.ledger,
+        LedgerConfig {
+            default_max_attempts: 5,
+            lease_margin: Duration::from_millis(100),
+            max_lease: Duration::from_secs(60),
+            retention: Duration::from_secs(3600),
+            collect_interval: Duration::from_secs(10),
+            collect_batch: 50,
+        }
+    );
+    for (text, key) in [
+        ("default_max_attempts = 0", "ledger.default_max_attempts"),
+        ("max_lease_ms = 0", "ledger.max_lease_ms"),
+        ("retention_seconds = 0", "ledger.retention_seconds"),
+        ("collect_batch = 0", "ledger.collect_batch"),
+        ("retention_seconds = 60", "ledger.retention_seconds"),
+    ] {
+        let raw: RawConfig = toml::from_str(&format!("[ledger]\n{text}\n")).unwrap();
+        match Config::from_raw(raw, Overrides::default()) {
+            Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key, "{text}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    let unknown = toml::from_str::<RawConfig>("[ledger]\nlease_ms = 1\n").unwrap_err();
+    assert!(
+        unknown.to_string().contains("unknown field `lease_ms`"),
+        "{unknown}"
+    );
+}
+
+#[test]
+fn identity_leeway_and_claim_names_are_configurable_and_bounded() {
+    let raw: RawConfig = toml::from_str(
+        "issuer = \"https://idp\"\n[identity]\nleeway_seconds = 10\n[identity.claims]\ntenant = \"org\"\nroles = \"groups\"\n",
+    )
+    .unwrap();
+    let c = Config::from_raw(
+        raw,
+        Overrides {
+            audience: Some("toolgate".into()),
+            ..Overrides::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(c.verifier.issuer.as_deref(), Some("https://idp"));
+    assert_eq!(c.verifier.audience.as_deref(), Some("toolgate"));
+    assert_eq!(c.verifier.leeway_seconds, 10);
+    assert_eq!(c.verifier.claims.subject, "sub");
+    assert_eq!(c.verifier.claims.tenant, "org");
+    assert_eq!(c.verifier.claims.roles, "groups");
+    assert_eq!(c.verifier.claims.scope, "scope");
+
+    let too_lax: RawConfig = toml::from_str("[identity]\nleeway_seconds = 301\n").unwrap();
+    assert!(matches!(
+        Config::from_raw(too_lax, Overrides::default()),
+        Err(ConfigError::Invalid {
+            key: "identity.leeway_seconds",
+            ..
+        })
+    ));
+    let empty: RawConfig = toml::from_str("[identity.claims]\nsubject = \" \"\n").unwrap();
+    assert!(matches!(
+        Config::from_raw(empty, Overrides::default()),
+        Err(ConfigError::Invalid {
+            key: "identity.claims.subject",
+            ..
+        })
+    ));
+    let unknown = toml::from_str::<RawConfig>("[identity.claims]\nemail = \"e\"\n").unwrap_err();
+    assert!(
+        unknown.to_string().contains("unknown field `email`"),
+        "{unknown}"
+    );
+}
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn load(toml_text: &str, vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("toolgate.toml");
+    std::fs::write(&path, toml_text).unwrap();
+    Config::load_with_env(Some(&path), &env(vars), Overrides::default())
+}
+
+/// The environment is validated like the file: a typo is an error.
+#[test]
+fn environment_variables_set_keys_and_unknown_ones_are_refused() {
+    let c = load(
+        "listen = \"127.0.0.1:7\"\n[audit]\nqueue = 5\n",
+        &[
+            ("TOOLGATE_LISTEN", "127.0.0.1:9"),
+            ("TOOLGATE_AUDIT__SINK", "none"),
+            ("TOOLGATE_RATE_LIMITS__TENANT__PER_SECOND", "5"),
+            ("TOOLGATE_PYTHON", "/usr/bin/python3"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.listen, ListenAddr::Tcp("127.0.0.1:9".into()));
+    assert_eq!(c.audit.sink, AuditSink::Discard);
+    assert_eq!(c.audit.queue, 5, "the file's other keys stay");
+    let tenant = c.rate_limits.tenant.unwrap();
+    assert_eq!((tenant.calls.get(), tenant.burst.get()), (5, 5));
+
+    let typo = load("", &[("TOOLGATE_LISTN", "127.0.0.1:9")]).unwrap_err();
+    assert!(
+        matches!(&typo, ConfigError::Environment { source } if source.to_string().contains("unknown field `listn`")),
+        "{typo}"
+    );
+    let nested = load("", &[("TOOLGATE_AUDIT__SINKK", "stdout")]).unwrap_err();
+    assert!(
+        nested.to_string().contains("unknown field `sinkk`"),
+        "{nested}"
+    );
+    let bad_value = load("", &[("TOOLGATE_AUDIT__SINK", "syslog")]).unwrap_err();
+    assert!(
+        matches!(
+            bad_value,
+            ConfigError::Invalid {
+                key: "audit.sink",
+                ..
+            }
+        ),
+        "{bad_value}"
+    );
+    let bad_type = load("", &[("TOOLGATE_REQUIRE_IDENTITY_TOKEN", "yes")]).unwrap_err();
+    assert!(
+        matches!(bad_type, ConfigError::Environment { .. }),
+        "{bad_type}"
+    );
+}
+
+#[test]
+fn grants_must_fit_the_listener() {
+    let uds_open = load("listen = \"unix:/tmp/tg.sock\"\n", &[]).unwrap_err();
+    assert!(
+        matches!(uds_open, ConfigError::Invalid { key: "access", .. }),
+        "{uds_open}"
+    );
+    let public_open = load("listen = \"0.0.0.0:50051\"\n", &[]).unwrap_err();
+    assert!(matches!(
+        public_open,
+        ConfigError::Invalid { key: "access", .. }
+    ));
+    let cn_without_mtls = load(
+        "[[access]]\ncaller = \"cn:approval-ui\"\nservices = [\"approvals\"]\n",
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            cn_without_mtls,
+            ConfigError::Invalid {
+                key: "access.caller",
+                ..
+            }
+        ),
+        "{cn_without_mtls}"
+    );
+    let uid_on_tcp = load(
+        "[[access]]\ncaller = \"uid:0\"\nservices = [\"approvals\"]\n",
+        &[],
+    )
+    .unwrap_err();
+    assert!(matches!(
+        uid_on_tcp,
+        ConfigError::Invalid {
+            key: "access.caller",
+            ..
+        }
+    ));
+    let unknown_service = load(
+        "listen = \"unix:/tmp/tg.sock\"\n[[access]]\ncaller = \"uid:0\"\nservices = [\"admin\"]\n",
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            unknown_service,
+            ConfigError::Invalid {
+                key: "access.services",
+                ..
+            }
+        ),
+        "{unknown_service}"
+    );
+    let ok = load(
+        "listen = \"unix:/tmp/tg.sock\"\nunix_socket_mode = \"0660\"\n[[access]]\ncaller = \"uid:1000\"\nservices = [\"authorization\", \"ledger\"]\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(ok.unix_socket_mode, 0o660);
+    assert!(matches!(ok.access, AccessPolicy::Grants(ref g) if g.len() == 1));
+    let world = load("listen = \"unix:/tmp/tg.sock\"\nunix_socket_mode = \"0666\"\n[[access]]\ncaller = \"any\"\nservices = [\"authorization\"]\n", &[]).unwrap_err();
+    assert!(matches!(
+        world,
+        ConfigError::Invalid {
+            key: "unix_socket_mode",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn rate_limits_audit_and_identity_are_validated() {
+    let two_rates = load(
+        "[rate_limits.tenant]\nper_second = 1\nper_minute = 1\n",
+        &[],
+    )
+    .unwrap_err();
+    assert!(matches!(
+        two_rates,
+        ConfigError::Invalid {
+            key: "rate_limits.tenant",
+            ..
+        }
+    ));
+    let zero = load("[rate_limits.tools.refund_order]\nper_minute = 0\n", &[]).unwrap_err();
+    assert!(matches!(
+        zero,
+        ConfigError::Invalid {
+            key: "rate_limits.tools",
+            ..
+        }
+    ));
+    let c = load("[rate_limits.tools.refund_order]\nper_minute = 10\nburst = 2\n[audit]\nsink = \"file:/var/log/tg.jsonl\"\nwhen_full = \"drop\"\n", &[]).unwrap();
+    let refund = c.rate_limits.tools["refund_order"];
+    assert_eq!(
+        (refund.calls.get(), refund.period, refund.burst.get()),
+        (10, Duration::from_secs(60), 2)
+    );
+    assert_eq!(c.audit.sink, AuditSink::File("/var/log/tg.jsonl".into()));
+    assert_eq!(c.audit.when_full, WhenFull::Drop);
+    let no_keys = load("require_identity_token = true\n", &[]).unwrap_err();
+    assert!(matches!(
+        no_keys,
+        ConfigError::Invalid {
+            key: "require_identity_token",
+            ..
+        }
+    ));
+    let star = load("[grpc_web]\nallowed_origins = [\"*\"]\n", &[]).unwrap_err();
+    assert!(matches!(
+        star,
+        ConfigError::Invalid {
+            key: "grpc_web.allowed_origins",
+            ..
+        }
+    ));
+}
+
+/// The shipped, documented example loads as it is.
+#[test]
+fn the_example_configuration_loads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("toolgate.example.toml");
+    let c = Config::load_with_env(Some(&path), &[], Overrides::default()).unwrap();
+    let AccessPolicy::Grants(grants) = &c.access else {
+        panic!("the example has grants");
+    };
+    let services = |caller: &str| {
+        grants
+            .iter()
+            .find(|g| g.caller == CallerPattern::parse(caller).unwrap())
+            .map(|g| g.services.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+    };
+    assert_eq!(
+        services("san:spiffe://acme.example/ns/agents/sa/executor"),
+        Some(vec!["authorization", "ledger"])
+    );
+    assert_eq!(services("cn:approval-ui"), Some(vec!["approvals"]));
+    assert!(c.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
+    assert!(c.require_identity_token);
+    assert!(c.metrics_listen.is_some());
+}
