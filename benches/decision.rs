@@ -12,6 +12,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use toolgate::access::TenantScope;
 use toolgate::decision::{AuthorizeInput, Decision};
 use toolgate::identity::Caller;
 
@@ -44,6 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         call_id: "call_7".into(),
         request_id: "refund-ord_1001-1".into(),
         entities_json: ENTITIES.into(),
+        tenants: TenantScope::Any,
         ..AuthorizeInput::default()
     };
     let mut samples: Vec<Duration> = Vec::with_capacity(iterations);

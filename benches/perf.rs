@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tonic::transport::{Channel, Endpoint};
 
+use toolgate::access::TenantScope;
 use toolgate::decision::{AuthorizeInput, Decision};
 use toolgate::grpc::pb;
 use toolgate::identity::Caller;
@@ -283,6 +284,7 @@ async fn in_process(o: &Options) -> Result<InProcess, BoxError> {
         call_id: "call_7".into(),
         request_id: "refund-ord_1001-1".into(),
         entities_json: ENTITIES.into(),
+        tenants: TenantScope::Any,
         ..AuthorizeInput::default()
     };
     // Warm both up.

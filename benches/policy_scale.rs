@@ -23,6 +23,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use toolgate::access::TenantScope;
 use toolgate::decision::{AuthorizeInput, Decision};
 use toolgate::identity::Caller;
 
@@ -189,6 +190,7 @@ fn measure(policies: usize, rt: &tokio::runtime::Runtime) -> BenchResult<Figures
             caller: Some(caller.clone()),
             request_id: "bench-1".into(),
             entities_json: ENTITIES.into(),
+            tenants: TenantScope::Any,
             ..AuthorizeInput::default()
         })
         .collect();

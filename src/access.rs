@@ -7,9 +7,17 @@
 //! CN or SAN (DNS or URI, e.g. a SPIFFE id), or a Unix peer's uid — never
 //! from a request field. This module holds the rules; `grpc/` reads the
 //! identity off the connection and enforces them in one layer.
+//!
+//! A grant also names the tenants its caller may act for ([`TenantScope`]):
+//! an executor of one tenant that sends another tenant's id is refused,
+//! whatever roles it claims. The layer hands the scope to the desks, which
+//! check it against the tenant the request runs as (the principal, after
+//! any identity token is verified), not against a field as sent.
 
 use std::collections::BTreeSet;
 use std::fmt;
+
+use crate::envelope::TenantNotGranted;
 
 /// A service a caller may be granted, by its config name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -209,11 +217,93 @@ impl CallerPattern {
     }
 }
 
+/// The tenants a caller may act for.
+///
+/// The default is no tenant at all: a request whose scope was never set (a
+/// wiring mistake) is refused, never allowed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TenantScope {
+    /// Every tenant: `tenants = ["*"]`, said explicitly, or open access.
+    Any,
+    /// Exactly these tenant ids.
+    Only(BTreeSet<String>),
+}
+
+impl Default for TenantScope {
+    fn default() -> Self {
+        Self::Only(BTreeSet::new())
+    }
+}
+
+impl TenantScope {
+    /// The scope of `tenants` as configured: `*` anywhere is every tenant.
+    #[must_use]
+    pub fn of<I, S>(tenants: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut only = BTreeSet::new();
+        for tenant in tenants {
+            let tenant = tenant.into();
+            if tenant == "*" {
+                return Self::Any;
+            }
+            only.insert(tenant);
+        }
+        Self::Only(only)
+    }
+
+    /// Whether a request may run as `tenant`.
+    #[must_use]
+    pub fn allows(&self, tenant: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Only(tenants) => tenants.contains(tenant),
+        }
+    }
+
+    /// The one check of decisions and the ledger, made on the tenant the
+    /// request runs as (the established principal's).
+    ///
+    /// # Errors
+    /// [`TenantNotGranted`] naming `tenant` when the scope does not hold it.
+    pub fn admit(&self, tenant: &str) -> Result<(), TenantNotGranted> {
+        if self.allows(tenant) {
+            Ok(())
+        } else {
+            Err(TenantNotGranted::new(tenant))
+        }
+    }
+
+    /// The tenants of either scope.
+    #[must_use]
+    pub fn union(self, other: Self) -> Self {
+        match (self, other) {
+            (Self::Any, _) | (_, Self::Any) => Self::Any,
+            (Self::Only(mut a), Self::Only(b)) => {
+                a.extend(b);
+                Self::Only(a)
+            }
+        }
+    }
+
+    /// Whether no tenant at all is allowed.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        matches!(self, Self::Only(t) if t.is_empty())
+    }
+}
+
 /// One `[[access]]` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
     pub caller: CallerPattern,
     pub services: BTreeSet<ServiceName>,
+    /// The tenants the caller may act for through this grant's
+    /// `authorization` and `ledger` services (approvers' tenant comes from
+    /// their verified token, so other services need none).
+    pub tenants: TenantScope,
 }
 
 /// The grants of a deployment.
@@ -239,6 +329,21 @@ impl AccessPolicy {
                 .any(|g| g.services.contains(&service) && g.caller.matches(peer)),
         }
     }
+
+    /// The tenants `peer` may act for on `service`: every tenant under open
+    /// access, else the union of the tenants of its grants of `service`.
+    #[must_use]
+    pub fn tenants(&self, peer: &PeerIdentity, service: ServiceName) -> TenantScope {
+        match self {
+            Self::Open => TenantScope::Any,
+            Self::Grants(grants) => grants
+                .iter()
+                .filter(|g| g.services.contains(&service) && g.caller.matches(peer))
+                .fold(TenantScope::default(), |scope, g| {
+                    scope.union(g.tenants.clone())
+                }),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -249,7 +354,68 @@ mod tests {
         Grant {
             caller: CallerPattern::parse(caller).unwrap(),
             services: services.iter().copied().collect(),
+            tenants: TenantScope::Any,
         }
+    }
+
+    fn only(tenants: &[&str]) -> TenantScope {
+        TenantScope::of(tenants.iter().copied())
+    }
+
+    #[test]
+    fn a_tenant_scope_allows_only_what_it_names() {
+        let acme = only(&["acme"]);
+        assert!(acme.allows("acme"));
+        assert!(!acme.allows("globex"));
+        assert!(!acme.allows(""));
+        assert!(!acme.allows("ACME"));
+        assert_eq!(acme.admit("globex"), Err(TenantNotGranted::new("globex")));
+        assert_eq!(acme.admit("acme"), Ok(()));
+        // `*` is every tenant, wherever it stands.
+        assert_eq!(only(&["acme", "*"]), TenantScope::Any);
+        assert!(TenantScope::Any.allows("anyone"));
+        // The default is nothing: a scope that was never set refuses.
+        assert!(TenantScope::default().is_empty());
+        assert!(!TenantScope::default().allows("acme"));
+        assert!(only(&[]).is_empty());
+        // A union holds both sides; `Any` absorbs.
+        let both = acme.clone().union(only(&["globex"]));
+        assert!(both.allows("acme") && both.allows("globex") && !both.allows("initech"));
+        assert_eq!(acme.union(TenantScope::Any), TenantScope::Any);
+    }
+
+    #[test]
+    fn a_callers_tenants_are_the_union_of_its_grants_of_the_service() {
+        use ServiceName::{Approvals, Authorization, Ledger};
+        let executor = PeerIdentity::unix(Some(1000));
+        let with = |services: &[ServiceName], tenants: &[&str]| Grant {
+            tenants: only(tenants),
+            ..grant("uid:1000", services)
+        };
+        let policy = AccessPolicy::Grants(vec![
+            with(&[Authorization, Ledger], &["acme"]),
+            with(&[Authorization], &["globex"]),
+            with(&[Approvals], &["*"]),
+            Grant {
+                tenants: only(&["initech"]),
+                ..grant("uid:1001", &[Authorization])
+            },
+        ]);
+        assert_eq!(
+            policy.tenants(&executor, Authorization),
+            only(&["acme", "globex"])
+        );
+        assert_eq!(policy.tenants(&executor, Ledger), only(&["acme"]));
+        assert_eq!(policy.tenants(&executor, Approvals), TenantScope::Any);
+        assert!(
+            policy
+                .tenants(&PeerIdentity::unix(Some(7)), Ledger)
+                .is_empty()
+        );
+        assert_eq!(
+            AccessPolicy::Open.tenants(&PeerIdentity::default(), Ledger),
+            TenantScope::Any
+        );
     }
 
     #[test]

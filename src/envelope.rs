@@ -443,6 +443,36 @@ impl ExecutorError {
     }
 }
 
+/// A request for a tenant its caller's `[[access]]` grants do not name: the
+/// request itself is refused (gRPC `PERMISSION_DENIED`), not decided.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the caller's grants do not name tenant `{tenant}`: it may not act for it")]
+pub struct TenantNotGranted {
+    /// The tenant the request would have run as, echoed safely.
+    pub tenant: String,
+}
+
+impl TenantNotGranted {
+    #[must_use]
+    pub fn new(tenant: &str) -> Self {
+        Self {
+            tenant: echo(tenant),
+        }
+    }
+}
+
+/// Why an executor's request is refused as a request (a gRPC status)
+/// rather than answered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The executor's own mistake: `INVALID_ARGUMENT`.
+    #[error(transparent)]
+    Invalid(#[from] ExecutorError),
+    /// The caller may not act for the request's tenant: `PERMISSION_DENIED`.
+    #[error(transparent)]
+    TenantNotGranted(#[from] TenantNotGranted),
+}
+
 /// `tool_not_found` for a name the model or executor gave, echoed safely.
 #[must_use]
 pub fn unknown_tool(name: &str) -> Envelope {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
+use toolgate::access::TenantScope;
 use toolgate::clock::SystemClock;
 use toolgate::config::{Config, Overrides};
 use toolgate::decision::AuthorizeInput;
@@ -488,6 +489,8 @@ fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
         tool_version: String::new(),
         identity_token: String::new(),
         peer: String::new(),
+        // The operator's own question, on the command line: any tenant.
+        tenants: TenantScope::Any,
     };
     let outcome = runtime.block_on(services.authorizer.authorize(&input))?;
     let json = serde_json::json!({

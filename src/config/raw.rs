@@ -119,12 +119,15 @@ pub(super) struct RawTls {
     pub(super) client_ca: Option<PathBuf>,
 }
 
-/// `[[access]]`: one caller and the services it may call.
+/// `[[access]]`: one caller, the services it may call and the tenants it
+/// may act for there.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawGrant {
     pub(super) caller: String,
     pub(super) services: Vec<String>,
+    /// Tenant ids, or `["*"]`; required with `authorization` or `ledger`.
+    pub(super) tenants: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -13,7 +13,7 @@ use super::{
     ConfigError, DEFAULT_RELOAD_DEBOUNCE, ListenAddr, MAX_LEEWAY_SECONDS, MAX_RELOAD_DEBOUNCE_MS,
     TlsFiles, invalid,
 };
-use crate::access::{AccessPolicy, CallerPattern, Grant, ServiceName};
+use crate::access::{AccessPolicy, CallerPattern, Grant, ServiceName, TenantScope};
 use crate::audit::{AuditConfig, AuditSink, WhenFull};
 use crate::identity::{ClaimNames, VerifierConfig};
 use crate::ledger::LedgerConfig;
@@ -232,9 +232,53 @@ pub(super) fn access_policy(
                 "a grant lists at least one service",
             ));
         }
-        grants.push(Grant { caller, services });
+        let tenants = grant_tenants(&g.caller, &services, g.tenants)?;
+        grants.push(Grant {
+            caller,
+            services,
+            tenants,
+        });
     }
     Ok(AccessPolicy::Grants(grants))
+}
+
+/// The tenants of one grant. A grant of `authorization` or `ledger` names
+/// them (least privilege: an executor acts for no tenant it was not given);
+/// `approvals` need none, since an approver's tenant is its verified token's.
+fn grant_tenants(
+    caller: &str,
+    services: &BTreeSet<ServiceName>,
+    tenants: Option<Vec<String>>,
+) -> Result<TenantScope, ConfigError> {
+    let executes = [ServiceName::Authorization, ServiceName::Ledger]
+        .iter()
+        .any(|s| services.contains(s));
+    let Some(tenants) = tenants else {
+        if executes {
+            return Err(invalid(
+                "access.tenants",
+                format!(
+                    "the grant of `{caller}` gives authorization or ledger, so it names \
+                     the tenants its caller may act for (`tenants = [\"acme\"]`, or \
+                     `[\"*\"]` for every tenant)"
+                ),
+            ));
+        }
+        return Ok(TenantScope::default());
+    };
+    if tenants.is_empty() {
+        return Err(invalid(
+            "access.tenants",
+            format!("the grant of `{caller}` names no tenant (use `[\"*\"]` for every tenant)"),
+        ));
+    }
+    if tenants.iter().any(String::is_empty) {
+        return Err(invalid(
+            "access.tenants",
+            format!("the grant of `{caller}` names an empty tenant id"),
+        ));
+    }
+    Ok(TenantScope::of(tenants))
 }
 
 pub(super) fn audit_config(

@@ -1,7 +1,7 @@
 //! The configuration's keys, defaults, environment and errors.
 
 use super::*;
-use crate::access::CallerPattern;
+use crate::access::{CallerPattern, ServiceName, TenantScope};
 use crate::audit::{AuditSink, WhenFull};
 
 #[test]
@@ -139,7 +139,7 @@ fn unknown_keys_are_errors_and_flags_win() {
         "{err}"
     );
     let raw: RawConfig = toml::from_str(
-        "listen = \"127.0.0.1:1\"\n[limits]\nmax_depth = 8\n[[access]]\ncaller = \"any\"\nservices = [\"authorization\"]\n",
+        "listen = \"127.0.0.1:1\"\n[limits]\nmax_depth = 8\n[[access]]\ncaller = \"any\"\nservices = [\"authorization\"]\ntenants = [\"*\"]\n",
     )
     .unwrap();
     let c = Config::from_raw(
@@ -368,13 +368,13 @@ fn grants_must_fit_the_listener() {
         "{unknown_service}"
     );
     let ok = load(
-        "listen = \"unix:/tmp/tg.sock\"\nunix_socket_mode = \"0660\"\n[[access]]\ncaller = \"uid:1000\"\nservices = [\"authorization\", \"ledger\"]\n",
+        "listen = \"unix:/tmp/tg.sock\"\nunix_socket_mode = \"0660\"\n[[access]]\ncaller = \"uid:1000\"\nservices = [\"authorization\", \"ledger\"]\ntenants = [\"acme\"]\n",
         &[],
     )
     .unwrap();
     assert_eq!(ok.unix_socket_mode, 0o660);
     assert!(matches!(ok.access, AccessPolicy::Grants(ref g) if g.len() == 1));
-    let world = load("listen = \"unix:/tmp/tg.sock\"\nunix_socket_mode = \"0666\"\n[[access]]\ncaller = \"any\"\nservices = [\"authorization\"]\n", &[]).unwrap_err();
+    let world = load("listen = \"unix:/tmp/tg.sock\"\nunix_socket_mode = \"0666\"\n[[access]]\ncaller = \"any\"\nservices = [\"authorization\"]\ntenants = [\"*\"]\n", &[]).unwrap_err();
     assert!(matches!(
         world,
         ConfigError::Invalid {
@@ -432,6 +432,70 @@ fn rate_limits_audit_and_identity_are_validated() {
     ));
 }
 
+/// A grant that lets its caller decide or record executions names the
+/// tenants it may act for; approvers' grants need none.
+#[test]
+fn executor_grants_name_their_tenants() {
+    let uds = "listen = \"unix:/tmp/tg.sock\"\n[[access]]\ncaller = \"uid:1000\"\n";
+    for services in [
+        "[\"authorization\"]",
+        "[\"ledger\"]",
+        "[\"approvals\", \"ledger\"]",
+    ] {
+        let err = load(&format!("{uds}services = {services}\n"), &[]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::Invalid {
+                    key: "access.tenants",
+                    ..
+                }
+            ),
+            "{services}: {err}"
+        );
+        assert!(err.to_string().contains("uid:1000"), "{err}");
+    }
+    for tenants in ["[]", "[\"\"]"] {
+        let err = load(
+            &format!("{uds}services = [\"authorization\"]\ntenants = {tenants}\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::Invalid {
+                    key: "access.tenants",
+                    ..
+                }
+            ),
+            "{tenants}: {err}"
+        );
+    }
+    let tenants_of = |text: &str| {
+        let c = load(&format!("{uds}{text}"), &[]).unwrap();
+        let AccessPolicy::Grants(grants) = c.access else {
+            panic!("grants were configured");
+        };
+        grants.into_iter().map(|g| g.tenants).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        tenants_of(
+            "services = [\"authorization\", \"ledger\"]\ntenants = [\"acme\", \"globex\"]\n"
+        ),
+        vec![TenantScope::of(["acme", "globex"])]
+    );
+    assert_eq!(
+        tenants_of("services = [\"ledger\"]\ntenants = [\"*\"]\n"),
+        vec![TenantScope::Any]
+    );
+    // An approver's tenant is its verified token's: the grant names none.
+    assert_eq!(
+        tenants_of("services = [\"approvals\", \"policy\"]\n"),
+        vec![TenantScope::default()]
+    );
+}
+
 /// The shipped, documented example loads as it is.
 #[test]
 fn the_example_configuration_loads() {
@@ -450,6 +514,11 @@ fn the_example_configuration_loads() {
         services("san:spiffe://acme.example/ns/agents/sa/executor"),
         Some(vec!["authorization", "ledger"])
     );
+    let executor = grants
+        .iter()
+        .find(|g| g.services.contains(&ServiceName::Ledger))
+        .map(|g| g.tenants.clone());
+    assert_eq!(executor, Some(TenantScope::of(["acme"])));
     assert_eq!(services("cn:approval-ui"), Some(vec!["approvals"]));
     assert!(c.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
     assert!(c.require_identity_token);

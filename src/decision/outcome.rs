@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use crate::access::TenantScope;
 use crate::clock::UnixMillis;
 use crate::envelope::Envelope;
 use crate::identity::Caller;
@@ -26,6 +27,9 @@ pub struct AuthorizeInput {
     pub identity_token: String,
     /// The transport identity of the connection, for the audit log.
     pub peer: String,
+    /// The tenants the caller's grants let it act for. The default is none:
+    /// an input whose scope was never set is refused.
+    pub tenants: TenantScope,
 }
 
 /// The three answers.

@@ -22,7 +22,9 @@ use crate::approvals::{
 use crate::audit::{Audit, AuditEvent, DecisionAudit};
 use crate::clock::{Clock, UnixMillis};
 use crate::decode::{self, DecodeError};
-use crate::envelope::{Envelope, ErrorCode, ExecutorError, echo, unknown_tool};
+use crate::envelope::{
+    Envelope, ErrorCode, ExecutorError, RequestError, TenantNotGranted, echo, unknown_tool,
+};
 use crate::identity::{Caller, Principals};
 use crate::metrics::{Metrics, UNKNOWN_TOOL};
 use crate::policy::{DecideError, PolicyDecision, PolicyEngine, ToolCall};
@@ -112,14 +114,16 @@ impl ToolCallAuthorizer {
     /// Decides one call.
     ///
     /// # Errors
-    /// [`ExecutorError`] when the executor's own request is malformed (no
-    /// auth context, no tool, no `request_id` for a side-effecting tool,
-    /// malformed entity JSON). Everything about the model's call is an
-    /// [`AuthorizeOutcome`].
+    /// [`RequestError::Invalid`] when the executor's own request is
+    /// malformed (no auth context, no tool, no `request_id` for a
+    /// side-effecting tool, malformed entity JSON);
+    /// [`RequestError::TenantNotGranted`] when the call would run as a
+    /// tenant outside `input.tenants` (nothing is decided, audited or
+    /// stored). Everything about the model's call is an [`AuthorizeOutcome`].
     pub async fn authorize(
         &self,
         input: &AuthorizeInput,
-    ) -> Result<AuthorizeOutcome, ExecutorError> {
+    ) -> Result<AuthorizeOutcome, RequestError> {
         let started = Instant::now();
         let mut outcome = self.evaluate(input).await?;
         let event = AuditEvent::decision(&audited(input, &outcome), started.elapsed());
@@ -145,22 +149,41 @@ impl ToolCallAuthorizer {
         Ok(outcome)
     }
 
-    /// The principal of a call (see [`Principals`]).
-    fn principal(&self, input: &AuthorizeInput) -> Result<Result<Caller, Envelope>, ExecutorError> {
-        self.principals.resolve(
+    /// The principal of a call (see [`Principals`]), once it is known to be
+    /// of a tenant the caller may act for.
+    fn principal(&self, input: &AuthorizeInput) -> Result<Result<Caller, Envelope>, RequestError> {
+        let principal = self.principals.resolve(
             input.caller.as_ref(),
             &input.identity_token,
             self.clock.now_ms(),
-        )
+        )?;
+        if let Ok(caller) = &principal {
+            input.tenants.admit(&caller.tenant_id)?;
+        }
+        Ok(principal)
+    }
+
+    /// Whether `input` would run as a tenant its caller may act for, checked
+    /// before anything of it is decided (`BatchAuthorize` checks every entry
+    /// first). Any other failure to establish the principal is left for
+    /// [`Self::authorize`] to answer.
+    ///
+    /// # Errors
+    /// [`TenantNotGranted`] naming the principal's tenant.
+    pub fn admit(&self, input: &AuthorizeInput) -> Result<(), TenantNotGranted> {
+        match self.principal(input) {
+            Err(RequestError::TenantNotGranted(e)) => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// The pipeline itself.
-    async fn evaluate(&self, input: &AuthorizeInput) -> Result<AuthorizeOutcome, ExecutorError> {
+    async fn evaluate(&self, input: &AuthorizeInput) -> Result<AuthorizeOutcome, RequestError> {
         // The whole decision runs on one policy set, even across a reload.
         let engine = self.engine.load_full();
         let principal = self.principal(input)?;
         if input.tool.is_empty() {
-            return Err(ExecutorError::new("tool", "must not be empty"));
+            return Err(ExecutorError::new("tool", "must not be empty").into());
         }
         let entities = parse_entities(&input.entities_json)?;
         let out = AuthorizeOutcome {

@@ -3,7 +3,9 @@
 //! certificate, Unix peer credentials), maps the request path to a service,
 //! and answers `PERMISSION_DENIED` (with `ErrorInfo` reason
 //! `caller_not_granted`) to a caller outside its grant. An admitted request
-//! carries the [`PeerIdentity`] in its extensions for the audit log.
+//! carries the [`PeerIdentity`] in its extensions for the audit log, and the
+//! [`TenantScope`] its grants of the service give (every tenant under open
+//! access), which the desks check against the request's principal.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,7 +17,7 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::access::{AccessPolicy, PeerIdentity, Target, target_of_path};
+use crate::access::{AccessPolicy, PeerIdentity, Target, TenantScope, target_of_path};
 use crate::metrics::Metrics;
 
 /// The [`PeerIdentity`] of a connection, from what tonic recorded of it.
@@ -119,12 +121,28 @@ where
             );
             return Box::pin(std::future::ready(Ok(status.into_http())));
         }
+        // No scope for health or an unknown path: nothing there runs as a tenant.
+        if let Target::Service(service) = target {
+            let tenants = self.layer.policy.tenants(&peer, service);
+            req.extensions_mut().insert(tenants);
+        }
         req.extensions_mut().insert(peer);
         // The clone that was made ready is the one that is called.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(inner.call(req))
     }
+}
+
+/// The tenants the caller of a request may act for, as the access layer
+/// found them. None at all when the layer set none (a wiring mistake):
+/// fail closed.
+pub fn tenants<T>(request: &tonic::Request<T>) -> TenantScope {
+    request
+        .extensions()
+        .get::<TenantScope>()
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// The transport identity of a request, as the access layer saw it.

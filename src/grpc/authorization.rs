@@ -6,6 +6,7 @@ use std::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::{convert, pb};
+use crate::access::TenantScope;
 use crate::decision::{
     AuthorizeInput, AuthorizeOutcome, ScheduleItem, ToolCallAuthorizer, schedule,
 };
@@ -29,56 +30,79 @@ impl AuthorizationApi {
         Self { authorizer, ledger }
     }
 
-    async fn decide(
-        &self,
-        req: pb::AuthorizeRequest,
-        metadata: &tonic::metadata::MetadataMap,
-        arrived: Instant,
-        peer: &str,
-    ) -> Result<pb::AuthorizeResponse, Status> {
-        let pb::AuthorizeRequest {
-            tool,
-            arguments,
-            auth,
-            call_id,
-            request_id,
-            approval_id,
-            deadline,
-            entities_json,
-            tool_version,
+    /// Decides one call, and begins its execution when asked and allowed.
+    async fn decide(&self, call: Call) -> Result<pb::AuthorizeResponse, Status> {
+        let Call {
+            input,
             begin_execution,
             lease_ms,
-        } = req;
-        let identity_token = auth
-            .as_ref()
-            .map(|a| a.identity_token.clone())
-            .unwrap_or_default();
-        let input = AuthorizeInput {
-            tool,
-            arguments,
-            caller: convert::caller(auth),
-            identity_token,
-            peer: peer.to_owned(),
-            call_id,
-            request_id,
-            approval_id,
-            deadline: convert::deadline(deadline.as_ref(), metadata, arrived),
-            entities_json,
-            tool_version,
-        };
+        } = call;
         let outcome = self
             .authorizer
             .authorize(&input)
             .await
-            .map_err(|e| convert::executor_status(&e))?;
+            .map_err(|e| convert::request_status(&e))?;
         let execution = if begin_execution {
             self.ledger
-                .begin_allowed(&outcome, &input.tool, lease_ms, peer)
+                .begin_allowed(&outcome, &input.tool, lease_ms, &input.peer)
                 .await
         } else {
             None
         };
         Ok(response(outcome, execution))
+    }
+}
+
+/// One call as the domain takes it, and what to do once it is decided.
+struct Call {
+    input: AuthorizeInput,
+    begin_execution: bool,
+    lease_ms: u32,
+}
+
+/// What one request of the caller (its connection's peer and tenants) asks.
+fn call(
+    req: pb::AuthorizeRequest,
+    metadata: &tonic::metadata::MetadataMap,
+    arrived: Instant,
+    peer: &str,
+    tenants: &TenantScope,
+) -> Call {
+    let pb::AuthorizeRequest {
+        tool,
+        arguments,
+        auth,
+        call_id,
+        request_id,
+        approval_id,
+        deadline,
+        entities_json,
+        tool_version,
+        begin_execution,
+        lease_ms,
+    } = req;
+    let identity_token = auth
+        .as_ref()
+        .map(|a| a.identity_token.clone())
+        .unwrap_or_default();
+    let input = AuthorizeInput {
+        tool,
+        arguments,
+        caller: convert::caller(auth),
+        identity_token,
+        peer: peer.to_owned(),
+        tenants: tenants.clone(),
+        call_id,
+        request_id,
+        approval_id,
+        deadline: convert::deadline(deadline.as_ref(), metadata, arrived),
+        entities_json,
+        tool_version,
+    };
+    Call {
+        input,
+        begin_execution,
+        lease_ms,
     }
 }
 
@@ -138,9 +162,9 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
         let arrived = Instant::now();
         let metadata = request.metadata().clone();
         let peer = super::admission::peer(&request);
-        let answer = self
-            .decide(request.into_inner(), &metadata, arrived, &peer)
-            .await?;
+        let tenants = super::admission::tenants(&request);
+        let call = call(request.into_inner(), &metadata, arrived, &peer, &tenants);
+        let answer = self.decide(call).await?;
         Ok(Response::new(answer))
     }
 
@@ -151,6 +175,7 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
         let arrived = Instant::now();
         let metadata = request.metadata().clone();
         let peer = super::admission::peer(&request);
+        let tenants = super::admission::tenants(&request);
         let pb::BatchAuthorizeRequest { requests } = request.into_inner();
         if requests.len() > MAX_BATCH {
             return Err(convert::executor_status(&ExecutorError {
@@ -158,9 +183,21 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
                 description: format!("at most {MAX_BATCH} calls per batch"),
             }));
         }
-        let mut responses = Vec::with_capacity(requests.len());
-        for req in requests {
-            responses.push(self.decide(req, &metadata, arrived, &peer).await?);
+        let calls: Vec<Call> = requests
+            .into_iter()
+            .map(|req| call(req, &metadata, arrived, &peer, &tenants))
+            .collect();
+        // The whole batch is refused before any call of it is decided (no
+        // approval created, no execution begun) if one would run as a
+        // tenant the caller may not act for.
+        for c in &calls {
+            self.authorizer
+                .admit(&c.input)
+                .map_err(|e| convert::tenant_status(&e))?;
+        }
+        let mut responses = Vec::with_capacity(calls.len());
+        for c in calls {
+            responses.push(self.decide(c).await?);
         }
         let items: Vec<ScheduleItem> = responses
             .iter()

@@ -10,7 +10,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 use super::pb;
 use crate::clock::UnixMillis;
 use crate::decision::Decision;
-use crate::envelope::{Envelope, ExecutorError};
+use crate::envelope::{Envelope, ExecutorError, RequestError, TenantNotGranted};
 use crate::identity::Caller;
 use crate::ledger::RecordedError;
 use crate::tools::Risk;
@@ -22,6 +22,27 @@ pub fn executor_status(e: &ExecutorError) -> Status {
         e.to_string(),
         ErrorDetails::with_bad_request_violation(e.field, e.description.clone()),
     )
+}
+
+/// A request refused as a request: an executor mistake, or a tenant the
+/// caller may not act for.
+pub fn request_status(e: &RequestError) -> Status {
+    match e {
+        RequestError::Invalid(e) => executor_status(e),
+        RequestError::TenantNotGranted(e) => tenant_status(e),
+    }
+}
+
+/// A request that runs as a tenant the caller's grants do not name:
+/// `PERMISSION_DENIED`, with `ErrorInfo` reason `tenant_not_granted` and the
+/// tenant.
+pub fn tenant_status(e: &TenantNotGranted) -> Status {
+    let details = ErrorDetails::with_error_info(
+        "tenant_not_granted",
+        "toolgate",
+        [("tenant".to_owned(), e.tenant.clone())],
+    );
+    Status::with_error_details(Code::PermissionDenied, e.to_string(), details)
 }
 
 /// A request whose principal could not be established (`unauthorized`,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{convert, pb};
+use crate::access::TenantScope;
 use crate::ledger::desk::{
     BeginRequest, CompleteRequest, CompletionStatus, ExecutorAuth, LedgerDesk, LedgerError,
     ReconcileRequest,
@@ -130,6 +131,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         request: Request<pb::BeginExecutionRequest>,
     ) -> Result<Response<pb::BeginExecutionResponse>, Status> {
         let peer = super::admission::peer(&request);
+        let tenants = super::admission::tenants(&request);
         let pb::BeginExecutionRequest {
             auth,
             idempotency_key,
@@ -140,14 +142,14 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         let answer = self
             .desk
             .begin(BeginRequest {
-                auth: executor_auth(auth, peer),
+                auth: executor_auth(auth, peer, tenants),
                 idempotency_key,
                 arguments_sha256,
                 tool,
                 lease_ms,
             })
             .await
-            .map_err(|e| convert::executor_status(&e))?;
+            .map_err(|e| convert::request_status(&e))?;
         Ok(Response::new(begin_response(answer)))
     }
 
@@ -156,6 +158,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         request: Request<pb::CompleteExecutionRequest>,
     ) -> Result<Response<pb::CompleteExecutionResponse>, Status> {
         let peer = super::admission::peer(&request);
+        let tenants = super::admission::tenants(&request);
         let pb::CompleteExecutionRequest {
             auth,
             idempotency_key,
@@ -174,7 +177,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         let settled = self
             .desk
             .complete(CompleteRequest {
-                auth: executor_auth(auth, peer),
+                auth: executor_auth(auth, peer, tenants),
                 idempotency_key,
                 fencing_token,
                 status,
@@ -182,7 +185,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
                 error: reported_error(error),
             })
             .await
-            .map_err(|e| convert::executor_status(&e))?;
+            .map_err(|e| convert::request_status(&e))?;
         Ok(Response::new(pb::CompleteExecutionResponse {
             state: state(settled.state).into(),
             error: settled.error.as_ref().map(convert::recorded_error),
@@ -194,6 +197,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         request: Request<pb::ReconcileExecutionRequest>,
     ) -> Result<Response<pb::ReconcileExecutionResponse>, Status> {
         let peer = super::admission::peer(&request);
+        let tenants = super::admission::tenants(&request);
         let pb::ReconcileExecutionRequest {
             auth,
             idempotency_key,
@@ -203,13 +207,13 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         let settled = self
             .desk
             .reconcile(ReconcileRequest {
-                auth: executor_auth(auth, peer),
+                auth: executor_auth(auth, peer, tenants),
                 idempotency_key,
                 applied,
                 result_json,
             })
             .await
-            .map_err(|e| convert::executor_status(&e))?
+            .map_err(|e| convert::request_status(&e))?
             .ok_or_else(not_found)?;
         Ok(Response::new(pb::ReconcileExecutionResponse {
             state: state(settled.state).into(),
@@ -222,15 +226,17 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         request: Request<pb::GetExecutionRequest>,
     ) -> Result<Response<pb::GetExecutionResponse>, Status> {
         let peer = super::admission::peer(&request);
+        let tenants = super::admission::tenants(&request);
         let pb::GetExecutionRequest {
             auth,
             idempotency_key,
         } = request.into_inner();
-        let auth = executor_auth(auth, peer);
+        let auth = executor_auth(auth, peer, tenants);
         let record = match self.desk.get(&auth, &idempotency_key).await {
             Ok(Some(r)) => r,
             Ok(None) => return Err(not_found()),
             Err(LedgerError::Executor(e)) => return Err(convert::executor_status(&e)),
+            Err(LedgerError::TenantNotGranted(e)) => return Err(convert::tenant_status(&e)),
             Err(LedgerError::Unauthorized(e)) => return Err(convert::unauthenticated(&e)),
             Err(LedgerError::Unavailable) => {
                 return Err(Status::unavailable(
@@ -244,9 +250,13 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
     }
 }
 
-/// Who sent a ledger request: its auth context and identity token, and the
-/// transport identity the access layer saw.
-fn executor_auth(auth: Option<pb::AuthContext>, peer: String) -> ExecutorAuth {
+/// Who sent a ledger request: its auth context and identity token, the
+/// transport identity the access layer saw and the tenants it may act for.
+fn executor_auth(
+    auth: Option<pb::AuthContext>,
+    peer: String,
+    tenants: TenantScope,
+) -> ExecutorAuth {
     let identity_token = auth
         .as_ref()
         .map(|a| a.identity_token.clone())
@@ -255,6 +265,7 @@ fn executor_auth(auth: Option<pb::AuthContext>, peer: String) -> ExecutorAuth {
         caller: convert::caller(auth),
         identity_token,
         peer,
+        tenants,
     }
 }
 

@@ -23,11 +23,14 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use serde_json::Value;
 
+use crate::access::TenantScope;
 use crate::audit::{Audit, AuditEvent, LedgerAudit};
 use crate::clock::Clock;
 use crate::decision::{AuthorizeOutcome, Decision};
 use crate::decode::{self, Limits};
-use crate::envelope::{Envelope, ErrorCode, ExecutorError, unknown_tool};
+use crate::envelope::{
+    Envelope, ErrorCode, ExecutorError, RequestError, TenantNotGranted, unknown_tool,
+};
 use crate::identity::{Caller, Principals};
 use crate::ledger::{
     Begin, BeginAnswer, Collect, Complete, Completion, ExecutionId, ExecutionRecord,
@@ -56,6 +59,9 @@ pub enum LedgerError {
     /// The executor's request is malformed.
     #[error(transparent)]
     Executor(#[from] ExecutorError),
+    /// The caller may not act for the principal's tenant.
+    #[error(transparent)]
+    TenantNotGranted(#[from] TenantNotGranted),
     /// The principal could not be established (`unauthorized`).
     #[error("{}", .0.message)]
     Unauthorized(Envelope),
@@ -74,6 +80,18 @@ pub struct ExecutorAuth {
     pub identity_token: String,
     /// The transport identity of the connection, for the audit log.
     pub peer: String,
+    /// The tenants the caller's grants let it act for. The default is none:
+    /// a request whose scope was never set is refused.
+    pub tenants: TenantScope,
+}
+
+impl From<RequestError> for LedgerError {
+    fn from(e: RequestError) -> Self {
+        match e {
+            RequestError::Invalid(e) => Self::Executor(e),
+            RequestError::TenantNotGranted(e) => Self::TenantNotGranted(e),
+        }
+    }
 }
 
 impl std::fmt::Debug for ExecutorAuth {
@@ -83,6 +101,7 @@ impl std::fmt::Debug for ExecutorAuth {
             .field("caller", &self.caller)
             .field("identity_token", &"[REDACTED]")
             .field("peer", &self.peer)
+            .field("tenants", &self.tenants)
             .finish()
     }
 }
@@ -245,19 +264,28 @@ impl LedgerDesk {
         &self.config
     }
 
-    fn principal(&self, auth: &ExecutorAuth) -> Result<Result<Caller, Envelope>, ExecutorError> {
-        self.principals.resolve(
+    /// The principal of a request (see [`Principals`]), once it is known to
+    /// be of a tenant the caller may act for: a record of any other tenant
+    /// is never read, begun or settled.
+    fn principal(&self, auth: &ExecutorAuth) -> Result<Result<Caller, Envelope>, RequestError> {
+        let principal = self.principals.resolve(
             auth.caller.as_ref(),
             &auth.identity_token,
             self.clock.now_ms(),
-        )
+        )?;
+        if let Ok(caller) = &principal {
+            auth.tenants.admit(&caller.tenant_id)?;
+        }
+        Ok(principal)
     }
 
     /// `BeginExecution`.
     ///
     /// # Errors
-    /// [`ExecutorError`] for a malformed request (auth, key, hash, tool).
-    pub async fn begin(&self, req: BeginRequest) -> Result<BeginAnswer, ExecutorError> {
+    /// [`RequestError::Invalid`] for a malformed request (auth, key, hash,
+    /// tool); [`RequestError::TenantNotGranted`] for a principal of a tenant
+    /// the caller may not act for (nothing is read or written).
+    pub async fn begin(&self, req: BeginRequest) -> Result<BeginAnswer, RequestError> {
         let started = Instant::now();
         let BeginRequest {
             auth,
@@ -276,10 +304,11 @@ impl LedgerDesk {
             return Err(ExecutorError::new(
                 "arguments_sha256",
                 "must be the 64 lowercase hex digits Authorize returned",
-            ));
+            )
+            .into());
         }
         if tool.is_empty() {
-            return Err(ExecutorError::new("tool", "must not be empty"));
+            return Err(ExecutorError::new("tool", "must not be empty").into());
         }
         let answer = match &principal {
             Ok(p) => {
@@ -367,10 +396,11 @@ impl LedgerDesk {
     /// `CompleteExecution`.
     ///
     /// # Errors
-    /// [`ExecutorError`] for a malformed request: auth, key, a zero token, no
+    /// [`RequestError::TenantNotGranted`] as for [`Self::begin`];
+    /// [`RequestError::Invalid`] for a malformed request: auth, key, a zero token, no
     /// status, a success without a strictly valid JSON result, a result or
     /// error with a status that takes none, an oversized error.
-    pub async fn complete(&self, req: CompleteRequest) -> Result<Settled, ExecutorError> {
+    pub async fn complete(&self, req: CompleteRequest) -> Result<Settled, RequestError> {
         let started = Instant::now();
         let CompleteRequest {
             auth,
@@ -386,17 +416,15 @@ impl LedgerDesk {
             return Err(ExecutorError::new(
                 "fencing_token",
                 "is required: the token BeginExecution returned with ACQUIRED",
-            ));
+            )
+            .into());
         }
         let status = status.ok_or_else(|| {
             ExecutorError::new("status", "must be one of the COMPLETION_STATUS_ values")
         })?;
         let error = check_error(error, &self.limits)?;
         if status == CompletionStatus::Succeeded && error.is_some() {
-            return Err(ExecutorError::new(
-                "error",
-                "not with COMPLETION_STATUS_SUCCEEDED",
-            ));
+            return Err(ExecutorError::new("error", "not with COMPLETION_STATUS_SUCCEEDED").into());
         }
         if status != CompletionStatus::Succeeded {
             no_result(&result_json, "only with COMPLETION_STATUS_SUCCEEDED")?;
@@ -447,9 +475,10 @@ impl LedgerDesk {
     /// `ReconcileExecution`; `Ok(None)` when the caller's tenant has no such record.
     ///
     /// # Errors
-    /// [`ExecutorError`] for a malformed request: auth, key, applied without
+    /// [`RequestError::TenantNotGranted`] as for [`Self::begin`];
+    /// [`RequestError::Invalid`] for a malformed request: auth, key, applied without
     /// a strictly valid JSON result, not applied with one.
-    pub async fn reconcile(&self, req: ReconcileRequest) -> Result<Option<Settled>, ExecutorError> {
+    pub async fn reconcile(&self, req: ReconcileRequest) -> Result<Option<Settled>, RequestError> {
         let started = Instant::now();
         let ReconcileRequest {
             auth,
@@ -504,6 +533,7 @@ impl LedgerDesk {
     ///
     /// # Errors
     /// [`LedgerError::Executor`] for a malformed request,
+    /// [`LedgerError::TenantNotGranted`] as for [`Self::begin`],
     /// [`LedgerError::Unauthorized`] when the principal cannot be
     /// established, [`LedgerError::Unavailable`] when the store fails.
     pub async fn get(

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use self::format::{CallCase, CaseFile, DecideApprovalCase, Expectation, Question};
+use crate::access::TenantScope;
 use crate::approvals::desk::approver_refusal;
 use crate::approvals::{self, ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::audit::AuditSink;
@@ -278,6 +279,8 @@ async fn decide_call(
         tool_version: String::new(),
         identity_token: String::new(),
         peer: String::new(),
+        // A case is the policy author's own: it may be of any tenant.
+        tenants: TenantScope::Any,
     };
     let first = authorizer.authorize(&input).await;
     if call.approved
@@ -348,7 +351,7 @@ async fn grant(
 }
 
 fn actual(
-    outcome: Result<crate::decision::AuthorizeOutcome, crate::envelope::ExecutorError>,
+    outcome: Result<crate::decision::AuthorizeOutcome, crate::envelope::RequestError>,
 ) -> Actual {
     match outcome {
         Ok(o) => Actual {

@@ -12,7 +12,7 @@ use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic_types::StatusExt;
 
-use toolgate::access::{AccessPolicy, CallerPattern, Grant, ServiceName};
+use toolgate::access::{AccessPolicy, CallerPattern, Grant, ServiceName, TenantScope};
 use toolgate::config::{ListenAddr, TlsFiles};
 use toolgate::grpc::pb::approval_service_client::ApprovalServiceClient;
 use toolgate::grpc::pb::authorization_service_client::AuthorizationServiceClient;
@@ -29,6 +29,7 @@ fn grant(caller: &str, services: &[ServiceName]) -> Grant {
     Grant {
         caller: CallerPattern::parse(caller).unwrap(),
         services: services.iter().copied().collect::<BTreeSet<_>>(),
+        tenants: TenantScope::Any,
     }
 }
 
@@ -123,13 +124,13 @@ async fn a_unix_socket_is_owner_only_and_its_peer_uid_is_granted_services() {
 type KeyPair = (String, String);
 
 /// A CA and the certificates it issues, made fresh for each test.
-struct Pki {
-    ca_pem: String,
+pub(crate) struct Pki {
+    pub(crate) ca_pem: String,
     ca: rcgen::Issuer<'static, rcgen::KeyPair>,
 }
 
 impl Pki {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         params
@@ -148,7 +149,13 @@ impl Pki {
     }
 
     /// (certificate PEM, key PEM) for `cn` with DNS or URI SANs.
-    fn issue(&self, cn: &str, dns: &[&str], uris: &[&str], server: bool) -> (String, String) {
+    pub(crate) fn issue(
+        &self,
+        cn: &str,
+        dns: &[&str],
+        uris: &[&str],
+        server: bool,
+    ) -> (String, String) {
         let mut params =
             rcgen::CertificateParams::new(dns.iter().map(|d| (*d).to_owned()).collect::<Vec<_>>())
                 .unwrap();
@@ -171,7 +178,7 @@ impl Pki {
     }
 }
 
-async fn tls_channel(
+pub(crate) async fn tls_channel(
     addr: std::net::SocketAddr,
     ca_pem: &str,
     client: Option<&(String, String)>,
