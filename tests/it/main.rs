@@ -29,3 +29,4 @@ mod restart;
 mod shutdown;
 mod sidecar;
 mod support;
+mod tenants;
