@@ -59,8 +59,10 @@ pub(super) fn ledger_config(raw: &RawLedger) -> Result<LedgerConfig, ConfigError
             usize::try_from(n).unwrap_or(usize::MAX)
         }),
     };
-    // A record is collected only once its lease is over anyway; a lease
-    // outliving retention would make a held operation look abandoned.
+    // Retention never collects an IN_PROGRESS record (live lease or not:
+    // `ExecutionState::COLLECTABLE`), so this bound is no longer what keeps
+    // a held operation; it stays a sanity check that a lease is shorter than
+    // the time a settled record is remembered.
     if config.retention <= config.max_lease {
         return Err(ConfigError::Invalid {
             key: "ledger.retention_seconds",

@@ -659,7 +659,8 @@ impl LedgerDesk {
         let _ = self.audit.record(event).await;
     }
 
-    /// Deletes the records past retention, in batches of the configured
+    /// Deletes the settled records past retention (`Collect::covers`:
+    /// never one whose call may have run), in batches of the configured
     /// size, each its own short transaction; returns how many.
     ///
     /// # Errors

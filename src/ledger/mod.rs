@@ -22,6 +22,11 @@
 //! | another tool or `arguments_sha256` | REFUSED with `idempotency_key_reused`; nothing changes |
 //!
 //! Decisions this module makes, beyond the table:
+//! - **Retention** ([`Collect`]) deletes only settled records
+//!   ([`ExecutionState::COLLECTABLE`]) unchanged for the retention period.
+//!   UNKNOWN and IN_PROGRESS (live lease or not) are kept however old, still
+//!   answering RECONCILE_REQUIRED, until reconciled: a call that may have run
+//!   is never ACQUIRED again.
 //! - **Fencing tokens** come from one store-wide counter, so they strictly
 //!   increase over every acquisition of every key (the first attempt, a retry
 //!   after FAILED_RETRYABLE): a token from an earlier life of a key, before
@@ -109,6 +114,22 @@ impl ExecutionState {
             Self::Unknown => "UNKNOWN",
             Self::FailedFinal => "FAILED_FINAL",
         }
+    }
+
+    /// The states retention may collect: those that say definitively what
+    /// the call did (SUCCEEDED, FAILED_FINAL) or that it did not take effect
+    /// (FAILED_RETRYABLE, which Begin re-acquires anyway). UNKNOWN and
+    /// IN_PROGRESS, live lease or not, are absent: the call may have run,
+    /// and forgetting the record would hand the key out as ACQUIRED again.
+    /// Backends that filter in SQL derive their state list from this slice.
+    pub const COLLECTABLE: [Self; 3] = [Self::Succeeded, Self::FailedRetryable, Self::FailedFinal];
+
+    /// Whether retention may collect a record in this state (it is in
+    /// [`Self::COLLECTABLE`]): it is settled, and no call of it may have run
+    /// without the ledger knowing the outcome.
+    #[must_use]
+    pub fn collectable(self) -> bool {
+        Self::COLLECTABLE.contains(&self)
     }
 
     /// Parses a stored name.
@@ -301,14 +322,15 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Which records retention deletes: those unchanged for the retention
-/// period, except an IN_PROGRESS one whose lease still runs (its executor
-/// may yet report).
+/// Which records retention deletes: settled ones ([`ExecutionState::COLLECTABLE`])
+/// unchanged for the retention period. A record whose call may have run
+/// (UNKNOWN, or IN_PROGRESS whether or not its lease expired) is never
+/// collected, however old: it is kept, answering RECONCILE_REQUIRED, until a
+/// reconciliation settles it, and ages from then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Collect {
-    /// Records last changed at or before this instant are due.
+    /// Settled records last changed at or before this instant are due.
     pub updated_at_or_before: UnixMillis,
-    pub now: UnixMillis,
     /// The most one transaction deletes, so none holds the store long.
     pub limit: usize,
 }
@@ -320,16 +342,15 @@ impl Collect {
         let retention = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
         Self {
             updated_at_or_before: now.saturating_sub(retention),
-            now,
             limit: limit.max(1),
         }
     }
 
     /// Whether `record` is due. A backend deletes exactly these (in its own
-    /// query language), at most `limit` per transaction.
+    /// query language, its state filter built from
+    /// [`ExecutionState::COLLECTABLE`]), at most `limit` per transaction.
     #[must_use]
-    pub const fn covers(&self, record: &ExecutionRecord) -> bool {
-        record.updated_at <= self.updated_at_or_before
-            && !(matches!(record.state, ExecutionState::InProgress) && record.lease_live(self.now))
+    pub fn covers(&self, record: &ExecutionRecord) -> bool {
+        record.updated_at <= self.updated_at_or_before && record.state.collectable()
     }
 }

@@ -484,23 +484,44 @@ fn leases_and_budgets_are_bounded() {
 }
 
 #[test]
-fn retention_collects_old_records_but_never_a_live_lease() {
+fn retention_collects_old_settled_records_but_never_a_call_that_may_have_run() {
     let day = Duration::from_secs(86_400);
     let later = NOW + 86_400_000;
     let c = Collect::new(later, day, 10);
     assert_eq!(c.updated_at_or_before, NOW);
-    assert!(c.covers(&record(ExecutionState::Succeeded)));
-    assert!(
-        c.covers(&record(ExecutionState::InProgress)),
-        "its lease expired long ago"
-    );
-    let mut young = record(ExecutionState::Succeeded);
-    young.updated_at = NOW + 1;
-    assert!(!c.covers(&young));
+    for state in [
+        ExecutionState::Succeeded,
+        ExecutionState::FailedRetryable,
+        ExecutionState::FailedFinal,
+    ] {
+        assert!(c.covers(&record(state)), "{state:?}");
+        let mut young = record(state);
+        young.updated_at = NOW + 1;
+        assert!(!c.covers(&young), "{state:?} is not due yet");
+    }
+    // Its lease expired long ago, but the call may have run: kept, however old.
+    let mut expired = record(ExecutionState::InProgress);
+    expired.updated_at = i64::MIN;
+    assert!(!expired.lease_live(later));
+    assert!(!c.covers(&expired));
     let mut held = record(ExecutionState::InProgress);
     held.lease_expires_at = later + 1;
     assert!(!c.covers(&held));
+    let mut unknown = record(ExecutionState::Unknown);
+    unknown.updated_at = i64::MIN;
+    assert!(!c.covers(&unknown));
     assert_eq!(Collect::new(later, day, 0).limit, 1);
+}
+
+#[test]
+fn the_collectable_states_are_exactly_the_settled_ones() {
+    let collectable: Vec<_> = ExecutionState::ALL
+        .into_iter()
+        .filter(|s| s.collectable())
+        .collect();
+    assert_eq!(collectable, ExecutionState::COLLECTABLE);
+    assert!(!ExecutionState::Unknown.collectable());
+    assert!(!ExecutionState::InProgress.collectable());
 }
 
 #[test]

@@ -201,6 +201,18 @@ fn stored_status(s: &str) -> Result<ApprovalStatus, StoreError> {
         .ok_or_else(|| StoreError::Corrupt(format!("unknown approval status `{s}`")))
 }
 
+/// The SQL list of the states retention may collect, `'SUCCEEDED', …`,
+/// built from [`ExecutionState::COLLECTABLE`] so a backend's collecting
+/// query cannot drift from [`Collect::covers`]. The names are this crate's
+/// constants, never input.
+fn collectable_states_sql() -> String {
+    ExecutionState::COLLECTABLE
+        .iter()
+        .map(|state| format!("'{}'", state.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn stored_state(s: &str) -> Result<ExecutionState, StoreError> {
     ExecutionState::parse(s)
         .ok_or_else(|| StoreError::Corrupt(format!("unknown execution state `{s}`")))

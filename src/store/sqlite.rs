@@ -7,15 +7,15 @@
 //! the same file open: that is what makes a Begin exactly-once.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{
     APPROVAL_COLUMNS, ApprovalDecision, ApprovalUse, DecideOutcome, EXECUTION_COLUMNS, Store,
-    StoreError, error_to_json, signed, stored_error, stored_risk, stored_state, stored_status,
-    stored_unsigned,
+    StoreError, collectable_states_sql, error_to_json, signed, stored_error, stored_risk,
+    stored_state, stored_status, stored_unsigned,
 };
 use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::clock::UnixMillis;
@@ -125,6 +125,16 @@ impl SqliteStore {
         .map_err(|e| StoreError::Task(e.to_string()))?
     }
 }
+
+/// `Collect::covers` in SQLite: settled records, last changed at or before
+/// `?1`, at most `?2` of them.
+static COLLECT_EXECUTIONS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "DELETE FROM executions WHERE rowid IN (SELECT rowid FROM executions \
+         WHERE updated_at <= ?1 AND state IN ({}) LIMIT ?2)",
+        collectable_states_sql()
+    )
+});
 
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     let known = i64::try_from(MIGRATIONS.len()).unwrap_or(i64::MAX);
@@ -353,9 +363,8 @@ impl Store for SqliteStore {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             // Exactly `Collect::covers`, at most `limit` rows.
             let n = tx.execute(
-                "DELETE FROM executions WHERE rowid IN (SELECT rowid FROM executions \
-                 WHERE updated_at <= ?1 AND NOT (state = 'IN_PROGRESS' AND lease_expires_at > ?2) LIMIT ?3)",
-                params![collect.updated_at_or_before, collect.now, limit],
+                &COLLECT_EXECUTIONS,
+                params![collect.updated_at_or_before, limit],
             )?;
             tx.commit()?;
             Ok(n)

@@ -36,6 +36,7 @@ macro_rules! store_suite {
             transitions_round_trip,
             exactly_one_acquires_across_connections,
             collection_is_batched_and_spares_live_leases,
+            collection_keeps_every_call_that_may_have_run,
             fencing_tokens_strictly_increase_across_connections,
             the_first_decision_wins_and_expiry_sweeps_what_is_due,
             an_approval_is_consumed_by_the_first_key_only,
@@ -353,6 +354,63 @@ pub async fn collection_is_batched_and_spares_live_leases(backend: &dyn Backend)
         .await
         .unwrap();
     assert_eq!(stale.error.map(|e| e.code), Some("lease_lost".to_owned()));
+}
+
+/// Collection deletes only settled records (issue 18.4): an UNKNOWN record
+/// and an IN_PROGRESS one whose lease expired long ago survive any number
+/// of sweeps, however old, and a Begin on them still answers
+/// RECONCILE_REQUIRED; settled ones of the same age are collected.
+pub async fn collection_keeps_every_call_that_may_have_run(backend: &dyn Backend) {
+    let store = &*backend.open().await;
+    let settle = |key: &'static str, completion: Completion| async move {
+        let a = store
+            .begin_execution(begin("acme", key, 1_000))
+            .await
+            .unwrap();
+        store
+            .complete_execution(complete(key, a.fencing_token, completion, 1_000))
+            .await
+            .unwrap();
+    };
+    settle("unknown", Completion::Unknown(None)).await;
+    settle("final", Completion::FailedFinal(None)).await;
+    settle("retryable", Completion::FailedRetryable(None)).await;
+    settle(
+        "succeeded",
+        Completion::Succeeded {
+            result_json: "{}".into(),
+            result: serde_json::json!({}),
+        },
+    )
+    .await;
+    // Begun at 1 000 with a 1 000 ms lease, never reported.
+    store
+        .begin_execution(begin("acme", "abandoned", 1_000))
+        .await
+        .unwrap();
+
+    let due = Collect::new(1_000_000, Duration::from_millis(5_000), 10);
+    assert_eq!(store.collect_executions(due).await.unwrap(), 3);
+    assert_eq!(store.collect_executions(due).await.unwrap(), 0);
+    for gone in ["final", "retryable", "succeeded"] {
+        assert_eq!(
+            store.get_execution("acme", gone).await.unwrap(),
+            None,
+            "{gone}"
+        );
+    }
+    for (kept, state) in [
+        ("unknown", ExecutionState::Unknown),
+        ("abandoned", ExecutionState::InProgress),
+    ] {
+        let record = store.get_execution("acme", kept).await.unwrap();
+        assert_eq!(record.map(|r| r.state), Some(state), "{kept}");
+        let again = store
+            .begin_execution(begin("acme", kept, 1_000_001))
+            .await
+            .unwrap();
+        assert_eq!(again.outcome, BeginOutcome::ReconcileRequired, "{kept}");
+    }
 }
 
 /// Tokens drawn on two connections at once are all distinct, and each key's

@@ -705,6 +705,91 @@ async fn records_are_collected_after_the_retention_period(backend: Backend) {
     server.stop().await;
 }
 
+/// Retention never re-arms a call that may have run (issue 18.4): an
+/// UNKNOWN outcome and a lease that expired while IN_PROGRESS outlive the
+/// retention period, and a retry of either key, after a sweep that did
+/// collect a settled record judged on the same clock, still answers
+/// RECONCILE_REQUIRED, never ACQUIRED.
+async fn a_call_that_may_have_run_outlives_retention_and_still_needs_reconciling(backend: Backend) {
+    let clock = ManualClock::new(T0);
+    let server = TestServer::start_with_clock_on(backend, clock.clone()).await;
+    let mut executor = Executor::new(&server).await;
+    let timed_out = op("retention-unknown");
+    let r = executor.begin(&timed_out).await;
+    executor
+        .complete(&timed_out.0, r.fencing_token, CompletionStatus::Unknown, "")
+        .await;
+    let abandoned = op("retention-abandoned");
+    executor.begin(&abandoned).await;
+    // A settled record changed after both: when a sweep has collected it,
+    // the same sweep found the other two due by age.
+    clock.advance(1_000);
+    let settled = op("retention-settled");
+    let r = executor.begin(&settled).await;
+    executor.succeed(&settled.0, r.fencing_token).await;
+
+    clock.advance(24 * 3_600_000 + 1_000);
+    let started = Instant::now();
+    loop {
+        match executor.get(&settled.0).await {
+            Err(e) if e.code() == Code::NotFound => break,
+            Ok(_) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never collected"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let unknown = executor.begin(&timed_out).await;
+    assert_eq!(
+        (unknown.outcome(), unknown.state(), unknown.fencing_token),
+        (BeginOutcome::ReconcileRequired, ExecutionState::Unknown, 0)
+    );
+    assert_eq!(
+        details(unknown.error.as_ref())["reason"],
+        json!("timeout_unknown")
+    );
+    let expired = executor.begin(&abandoned).await;
+    assert_eq!(
+        (expired.outcome(), expired.state(), expired.fencing_token),
+        (
+            BeginOutcome::ReconcileRequired,
+            ExecutionState::InProgress,
+            0
+        )
+    );
+    assert_eq!(
+        details(expired.error.as_ref()),
+        json!({"reason": "lease_expired", "attempt": 1})
+    );
+    // Reconciled, the records are settled like any other and age out.
+    executor
+        .reconcile(&timed_out.0, true, RESULT)
+        .await
+        .unwrap();
+    executor.reconcile(&abandoned.0, false, "").await.unwrap();
+    clock.advance(24 * 3_600_000 + 1_000);
+    let started = Instant::now();
+    for key in [&timed_out.0, &abandoned.0] {
+        loop {
+            match executor.get(key).await {
+                Err(e) if e.code() == Code::NotFound => break,
+                Ok(_) => {}
+                Err(e) => panic!("{e:?}"),
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "never collected once reconciled"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    server.stop().await;
+}
+
 async fn records_are_visible_to_their_own_tenant_only(backend: Backend) {
     let server = TestServer::start_with_clock_on(backend, ManualClock::new(T0)).await;
     let mut acme = Executor::new(&server).await;
@@ -1053,6 +1138,7 @@ both_backends!(
     a_result_that_fails_the_output_schema_is_quarantined_as_unknown,
     reconciliation_settles_an_unknown_outcome_both_ways,
     records_are_collected_after_the_retention_period,
+    a_call_that_may_have_run_outlives_retention_and_still_needs_reconciling,
     records_are_visible_to_their_own_tenant_only,
     authorize_with_begin_execution_begins_an_allowed_call_in_the_same_round_trip,
     exactly_one_of_32_concurrent_begins_is_acquired_every_round,

@@ -44,7 +44,7 @@
 use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -57,7 +57,7 @@ use tokio_postgres::error::SqlState;
 
 use super::{
     APPROVAL_COLUMNS, ApprovalDecision, ApprovalUse, DecideOutcome, EXECUTION_COLUMNS, Store,
-    StoreError, StoreSettings,
+    StoreError, StoreSettings, collectable_states_sql,
 };
 use crate::approvals::{
     ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval,
@@ -84,6 +84,17 @@ const MIGRATION_LOCK: i32 = 0x7467_0001;
 const MAX_TRIES: u32 = 8;
 /// The longest wait before reconnecting the event relay.
 const MAX_RELAY_BACKOFF: Duration = Duration::from_secs(5);
+/// `Collect::covers` in PostgreSQL: settled records, last changed at or
+/// before `$1`, at most `$2` of them; a record a transition holds right now
+/// is left for the next sweep.
+static COLLECT_EXECUTIONS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "DELETE FROM executions WHERE (tenant_id, idempotency_key) IN \
+         (SELECT tenant_id, idempotency_key FROM executions WHERE updated_at <= $1 \
+         AND state IN ({}) LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        collectable_states_sql()
+    )
+});
 
 /// PostgreSQL behind a connection pool.
 #[derive(Clone)]
@@ -573,19 +584,9 @@ impl Store for PostgresStore {
         self.run(|client| async move {
             // Exactly `Collect::covers`, at most `limit` rows; a record a
             // transition holds right now is left for the next sweep.
-            let stmt = client
-                .prepare_cached(
-                    "DELETE FROM executions WHERE (tenant_id, idempotency_key) IN \
-                     (SELECT tenant_id, idempotency_key FROM executions WHERE updated_at <= $1 \
-                     AND NOT (state = 'IN_PROGRESS' AND lease_expires_at > $2) \
-                     LIMIT $3 FOR UPDATE SKIP LOCKED)",
-                )
-                .await?;
+            let stmt = client.prepare_cached(&COLLECT_EXECUTIONS).await?;
             let n = client
-                .execute(
-                    &stmt,
-                    &[&collect.updated_at_or_before, &collect.now, &limit],
-                )
+                .execute(&stmt, &[&collect.updated_at_or_before, &limit])
                 .await?;
             Ok(usize::try_from(n).unwrap_or(usize::MAX))
         })
