@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
@@ -74,11 +75,40 @@ type Keyed<C> =
 /// Buckets kept before idle ones are collected.
 const COLLECT_ABOVE: usize = 10_000;
 
+/// One limiter and the size at which its idle buckets are next collected.
+///
+/// A collection scans every bucket, so it runs only once the map has grown
+/// to twice what the last one kept (and at least [`COLLECT_ABOVE`]): with
+/// more live buckets than that, a scan on every call would make each call
+/// O(n); this way the scans cost O(1) per call, amortized.
+struct Bucketed<C: Clock> {
+    limiter: Keyed<C>,
+    collect_at: AtomicUsize,
+}
+
+impl<C: Clock> Bucketed<C> {
+    fn new(limiter: Keyed<C>) -> Self {
+        Self {
+            limiter,
+            collect_at: AtomicUsize::new(COLLECT_ABOVE),
+        }
+    }
+
+    fn collect_if_grown(&self) {
+        if self.limiter.len() > self.collect_at.load(Ordering::Relaxed) {
+            self.limiter.retain_recent();
+            let kept = self.limiter.len();
+            self.collect_at
+                .store(COLLECT_ABOVE.max(kept.saturating_mul(2)), Ordering::Relaxed);
+        }
+    }
+}
+
 /// The live buckets.
 pub struct RateLimits<C: Clock = DefaultClock> {
     clock: C,
-    tenant: Option<Keyed<C>>,
-    tools: HashMap<String, Keyed<C>>,
+    tenant: Option<Bucketed<C>>,
+    tools: HashMap<String, Bucketed<C>>,
 }
 
 impl<C: Clock> std::fmt::Debug for RateLimits<C> {
@@ -111,8 +141,13 @@ impl<C: Clock + Clone> RateLimits<C> {
     #[must_use]
     pub fn with_clock(config: &RateLimitConfig, clock: C) -> Self {
         let keyed = |l: Limit| {
-            l.quota()
-                .map(|q| RateLimiter::new(q, DefaultKeyedStateStore::default(), clock.clone()))
+            l.quota().map(|q| {
+                Bucketed::new(RateLimiter::new(
+                    q,
+                    DefaultKeyedStateStore::default(),
+                    clock.clone(),
+                ))
+            })
         };
         Self {
             tenant: config.tenant.and_then(keyed),
@@ -141,14 +176,18 @@ impl<C: Clock + Clone> RateLimits<C> {
         self.check(self.tools.get(tool), tenant, Scope::Tool)
     }
 
-    fn check(&self, limiter: Option<&Keyed<C>>, key: &str, scope: Scope) -> Result<(), Limited> {
-        let Some(limiter) = limiter else {
+    fn check(
+        &self,
+        bucketed: Option<&Bucketed<C>>,
+        key: &str,
+        scope: Scope,
+    ) -> Result<(), Limited> {
+        let Some(bucketed) = bucketed else {
             return Ok(());
         };
-        if limiter.len() > COLLECT_ABOVE {
-            limiter.retain_recent();
-        }
-        limiter
+        bucketed.collect_if_grown();
+        bucketed
+            .limiter
             .check_key(&key.to_owned())
             .map_err(|not_until| Limited {
                 scope,
@@ -220,6 +259,33 @@ mod tests {
                 .map_err(|l| l.retry_after),
             Err(Duration::from_secs(1))
         );
+    }
+
+    #[test]
+    fn idle_buckets_are_collected_only_once_the_map_has_doubled() {
+        let clock = FakeRelativeClock::default();
+        let config = RateLimitConfig {
+            tenant: Some(Limit {
+                calls: nz(1),
+                period: Duration::from_secs(1),
+                burst: nz(1),
+            }),
+            tools: HashMap::new(),
+        };
+        let limits = RateLimits::with_clock(&config, clock);
+        let tenant = limits.tenant.as_ref().unwrap();
+        // More live (non-idle) buckets than COLLECT_ABOVE: one scan, which
+        // keeps them all, then none until the map has doubled.
+        for i in 0..=COLLECT_ABOVE + 1 {
+            assert_eq!(limits.check_tenant(&format!("t{i}")), Ok(()));
+        }
+        assert_eq!(
+            tenant.collect_at.load(Ordering::Relaxed),
+            2 * (COLLECT_ABOVE + 1)
+        );
+        assert_eq!(tenant.limiter.len(), COLLECT_ABOVE + 2);
+        // Still answered per tenant.
+        assert!(limits.check_tenant("t0").is_err());
     }
 
     #[test]

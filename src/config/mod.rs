@@ -257,7 +257,17 @@ impl Config {
             max_bytes: raw.limits.max_argument_bytes.unwrap_or(defaults.max_bytes),
             max_depth: raw.limits.max_depth.unwrap_or(defaults.max_depth),
         };
-        if authorizer.limits.max_bytes == 0 || authorizer.limits.max_depth == 0 {
+        authorizer.entity_limits = Limits {
+            max_bytes: raw
+                .limits
+                .max_entities_bytes
+                .unwrap_or(authorizer.entity_limits.max_bytes),
+            max_depth: authorizer.limits.max_depth,
+        };
+        if authorizer.limits.max_bytes == 0
+            || authorizer.limits.max_depth == 0
+            || authorizer.entity_limits.max_bytes == 0
+        {
             return Err(ConfigError::Invalid {
                 key: "limits",
                 reason: "limits must be positive".into(),

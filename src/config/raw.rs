@@ -197,6 +197,7 @@ pub(super) struct RawClaims {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawLimits {
     pub(super) max_argument_bytes: Option<usize>,
+    pub(super) max_entities_bytes: Option<usize>,
     pub(super) max_depth: Option<usize>,
 }
 

@@ -152,6 +152,11 @@ fn unknown_keys_are_errors_and_flags_win() {
     .unwrap();
     assert_eq!(c.listen, ListenAddr::Unix("/tmp/tg.sock".into()));
     assert_eq!(c.authorizer.limits.max_depth, 8);
+    assert_eq!(c.authorizer.entity_limits.max_depth, 8);
+    assert_eq!(
+        c.authorizer.entity_limits.max_bytes,
+        crate::decision::DEFAULT_MAX_ENTITIES_BYTES
+    );
     let bad = Config::from_raw(
         RawConfig::default(),
         Overrides {

@@ -18,10 +18,18 @@ pub(crate) use pipeline::AuthorizerParts;
 pub use pipeline::ToolCallAuthorizer;
 pub use schedule::{ScheduleItem, schedule};
 
+/// The default size cap of `entities_json` (2 MiB): twice the arguments'
+/// and under gRPC's 4 MiB message cap, so this limit is the one that answers.
+pub const DEFAULT_MAX_ENTITIES_BYTES: usize = 2 * 1_048_576;
+
 /// Settings of the pipeline.
 #[derive(Debug, Clone)]
 pub struct AuthorizerConfig {
     pub limits: Limits,
+    /// The limits of `entities_json`, decoded as strictly as the arguments
+    /// (an executor's list of Cedar entities is legitimately larger than one
+    /// call's arguments, so its size cap is its own; the depth is shared).
+    pub entity_limits: Limits,
     /// How many schema violations one answer lists.
     pub violation_cap: usize,
     /// Time kept back from the caller's deadline for the executor's own work.
@@ -34,6 +42,10 @@ impl Default for AuthorizerConfig {
     fn default() -> Self {
         Self {
             limits: Limits::default(),
+            entity_limits: Limits {
+                max_bytes: DEFAULT_MAX_ENTITIES_BYTES,
+                ..Limits::default()
+            },
             violation_cap: 20,
             deadline_margin: Duration::from_millis(50),
             pending_approval_ttl: Duration::from_secs(3600),

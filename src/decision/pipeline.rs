@@ -22,9 +22,7 @@ use crate::approvals::{
 use crate::audit::{Audit, AuditEvent, DecisionAudit};
 use crate::clock::{Clock, UnixMillis};
 use crate::decode::{self, DecodeError};
-use crate::envelope::{
-    Envelope, ErrorCode, ExecutorError, RequestError, TenantNotGranted, echo, unknown_tool,
-};
+use crate::envelope::{Envelope, ErrorCode, ExecutorError, RequestError, echo, unknown_tool};
 use crate::identity::{Caller, Principals};
 use crate::metrics::{Metrics, UNKNOWN_TOOL};
 use crate::policy::{DecideError, PolicyDecision, PolicyEngine, ToolCall};
@@ -163,18 +161,33 @@ impl ToolCallAuthorizer {
         Ok(principal)
     }
 
-    /// Whether `input` would run as a tenant its caller may act for, checked
-    /// before anything of it is decided (`BatchAuthorize` checks every entry
-    /// first). Any other failure to establish the principal is left for
-    /// [`Self::authorize`] to answer.
+    /// Every executor error [`Self::authorize`] could answer for `input`,
+    /// checked before anything of it is decided (`BatchAuthorize` checks
+    /// every entry first, so a bad entry refuses the batch with no approval
+    /// created and no execution begun): the auth context and the tenant
+    /// grant, the tool name, `entities_json`, and a `request_id` for a
+    /// side-effecting tool of the current policy set. Pure: nothing is
+    /// counted, stored or audited.
     ///
     /// # Errors
-    /// [`TenantNotGranted`] naming the principal's tenant.
-    pub fn admit(&self, input: &AuthorizeInput) -> Result<(), TenantNotGranted> {
-        match self.principal(input) {
-            Err(RequestError::TenantNotGranted(e)) => Err(e),
-            _ => Ok(()),
+    /// The [`RequestError`] naming the first failed check.
+    pub fn precheck(&self, input: &AuthorizeInput) -> Result<(), RequestError> {
+        let principal = self.principal(input)?;
+        if input.tool.is_empty() {
+            return Err(ExecutorError::new("tool", "must not be empty").into());
         }
+        parse_entities(&input.entities_json, &self.config.entity_limits)?;
+        // As in `decide`, only a call with a principal gets this far.
+        if principal.is_err() {
+            return Ok(());
+        }
+        if let Some(tool) = self.engine.load().tools().get(&input.tool)
+            && tool.risk != Risk::Read
+            && input.request_id.is_empty()
+        {
+            return Err(request_id_required(tool).into());
+        }
+        Ok(())
     }
 
     /// The pipeline itself.
@@ -185,7 +198,7 @@ impl ToolCallAuthorizer {
         if input.tool.is_empty() {
             return Err(ExecutorError::new("tool", "must not be empty").into());
         }
-        let entities = parse_entities(&input.entities_json)?;
+        let entities = parse_entities(&input.entities_json, &self.config.entity_limits)?;
         let out = AuthorizeOutcome {
             decision: Decision::Deny,
             decision_id: uuid::Uuid::now_v7().to_string(),
@@ -266,14 +279,7 @@ impl ToolCallAuthorizer {
             ));
         }
         if tool.risk != Risk::Read && input.request_id.is_empty() {
-            return Err(ExecutorError::new(
-                "request_id",
-                format!(
-                    "required for tool `{}` (risk `{}`)",
-                    tool.name,
-                    tool.risk.as_str()
-                ),
-            ));
+            return Err(request_id_required(tool));
         }
 
         if let Err(limited) = self.limits.check_tool(&caller.tenant_id, &tool.name) {
@@ -602,6 +608,17 @@ fn hash<'a>(
     })
 }
 
+fn request_id_required(tool: &ToolContract) -> ExecutorError {
+    ExecutorError::new(
+        "request_id",
+        format!(
+            "required for tool `{}` (risk `{}`)",
+            tool.name,
+            tool.risk.as_str()
+        ),
+    )
+}
+
 fn decode_envelope(e: &DecodeError) -> Envelope {
     let code = if e.is_limit() {
         ErrorCode::InvalidArguments
@@ -620,12 +637,15 @@ fn decode_envelope(e: &DecodeError) -> Envelope {
     env
 }
 
-fn parse_entities(text: &str) -> Result<Option<Value>, ExecutorError> {
+/// `entities_json` decoded as strictly as the arguments (no duplicate key,
+/// size and depth limits): a failure is the executor's mistake, never a
+/// decision on one of the duplicates.
+fn parse_entities(text: &str, limits: &decode::Limits) -> Result<Option<Value>, ExecutorError> {
     if text.trim().is_empty() {
         return Ok(None);
     }
-    let v: Value = serde_json::from_str(text)
-        .map_err(|e| ExecutorError::new("entities_json", format!("not JSON: {e}")))?;
+    let v = decode::parse_strict(text.as_bytes(), limits)
+        .map_err(|e| ExecutorError::new("entities_json", format!("{} ({e})", e.reason())))?;
     if !v.is_array() {
         return Err(ExecutorError::new(
             "entities_json",

@@ -189,11 +189,11 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
             .collect();
         // The whole batch is refused before any call of it is decided (no
         // approval created, no execution begun) if one would run as a
-        // tenant the caller may not act for.
+        // tenant the caller may not act for or has an executor error.
         for c in &calls {
             self.authorizer
-                .admit(&c.input)
-                .map_err(|e| convert::tenant_status(&e))?;
+                .precheck(&c.input)
+                .map_err(|e| convert::request_status(&e))?;
         }
         let mut responses = Vec::with_capacity(calls.len());
         for c in calls {

@@ -28,5 +28,6 @@ mod replicas;
 mod restart;
 mod shutdown;
 mod sidecar;
+mod strict_entities;
 mod support;
 mod tenants;
