@@ -445,6 +445,32 @@ async fn a_database_outage_fails_closed_within_bounds_and_service_resumes() {
         ))
         .await
         .unwrap();
+    // A session that was authenticating while the role was locked out can
+    // still appear after the first termination: terminate until none is
+    // left (bounded), so that the outage is whole before it is measured.
+    let mut remaining = 1;
+    for _ in 0..40 {
+        remaining = admin_db
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE usename = $1",
+                &[&schema.name()],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0);
+        if remaining == 0 {
+            break;
+        }
+        admin_db
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1",
+                &[&schema.name()],
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(remaining, 0, "sessions of the locked-out role survive");
     let down = health_becomes(&channel, ServingStatus::NotServing).await;
     for service in ["toolgate.v1.LedgerService", "toolgate.v1.ApprovalService"] {
         assert_eq!(
