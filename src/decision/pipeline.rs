@@ -150,15 +150,12 @@ impl ToolCallAuthorizer {
     /// The principal of a call (see [`Principals`]), once it is known to be
     /// of a tenant the caller may act for.
     fn principal(&self, input: &AuthorizeInput) -> Result<Result<Caller, Envelope>, RequestError> {
-        let principal = self.principals.resolve(
+        self.principals.resolve_within(
             input.caller.as_ref(),
             &input.identity_token,
             self.clock.now_ms(),
-        )?;
-        if let Ok(caller) = &principal {
-            input.tenants.admit(&caller.tenant_id)?;
-        }
-        Ok(principal)
+            &input.tenants,
+        )
     }
 
     /// Every executor error [`Self::authorize`] could answer for `input`,

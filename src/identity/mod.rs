@@ -4,8 +4,8 @@
 //!
 //! The caller comes from the executor's authentication middleware (trusted,
 //! DESIGN §1) or a verified token, never from the model's arguments. A leaf:
-//! it imports only the clock and the error table; it must not read anything
-//! the model wrote, nor log tokens or keys.
+//! it imports only the clock, the tenant scope and the error table; it must
+//! not read anything the model wrote, nor log tokens or keys.
 
 /// Turns an identity token into the caller it names, or the reason it
 /// cannot (a stable snake_case word).

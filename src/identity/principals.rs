@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use super::{Caller, IdentityVerifier};
+use crate::access::TenantScope;
 use crate::clock::UnixMillis;
-use crate::envelope::{Envelope, ErrorCode, ExecutorError};
+use crate::envelope::{Envelope, ErrorCode, ExecutorError, RequestError};
 
 /// The authenticated caller of an executor's request: an auth context with
 /// a subject and a tenant, or the executor's mistake.
@@ -41,6 +42,25 @@ impl Principals {
     #[must_use]
     pub fn new(verifier: Option<Arc<dyn IdentityVerifier>>, required: bool) -> Self {
         Self { verifier, required }
+    }
+
+    /// [`Self::resolve`], then the one tenant check of decisions and the
+    /// ledger: a principal of a tenant outside `tenants` is refused.
+    ///
+    /// # Errors
+    /// As [`Self::resolve`], and [`RequestError::TenantNotGranted`].
+    pub fn resolve_within(
+        &self,
+        auth: Option<&Caller>,
+        identity_token: &str,
+        now: UnixMillis,
+        tenants: &TenantScope,
+    ) -> Result<Result<Caller, Envelope>, RequestError> {
+        let principal = self.resolve(auth, identity_token, now)?;
+        if let Ok(caller) = &principal {
+            tenants.admit(&caller.tenant_id)?;
+        }
+        Ok(principal)
     }
 
     /// The principal of a request whose auth context is `auth`, carrying

@@ -268,15 +268,12 @@ impl LedgerDesk {
     /// be of a tenant the caller may act for: a record of any other tenant
     /// is never read, begun or settled.
     fn principal(&self, auth: &ExecutorAuth) -> Result<Result<Caller, Envelope>, RequestError> {
-        let principal = self.principals.resolve(
+        self.principals.resolve_within(
             auth.caller.as_ref(),
             &auth.identity_token,
             self.clock.now_ms(),
-        )?;
-        if let Ok(caller) = &principal {
-            auth.tenants.admit(&caller.tenant_id)?;
-        }
-        Ok(principal)
+            &auth.tenants,
+        )
     }
 
     /// `BeginExecution`.
