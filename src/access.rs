@@ -330,6 +330,42 @@ impl AccessPolicy {
         }
     }
 
+    /// The DNS-rebinding guard of an open listener. Open access trusts every
+    /// process that can reach the loopback port, and a browser can reach it
+    /// too: a page of `evil.example` whose name is made to resolve to
+    /// 127.0.0.1 sends requests that are same-origin to the browser, so CORS
+    /// never stops them. Over HTTP/1.x (the only version a browser speaks to
+    /// a plain-text listener; h2c is never a browser) such a request carries
+    /// the page's host in `Host` and its origin in `Origin`. So under open
+    /// access an HTTP/1.x request must name a loopback host (`localhost`,
+    /// 127.0.0.0/8, `[::1]`, with any port; a missing `Host` is refused), and
+    /// an `Origin`, when sent, must be a loopback origin or one of the
+    /// configured gRPC-Web origins (`allowed_origins`, exact). Under grants
+    /// the caller is identified by its transport, and nothing is checked
+    /// here.
+    ///
+    /// # Errors
+    ///
+    /// [`BrowserRefusal`] names which header was refused.
+    pub fn admits_http1(
+        &self,
+        host: Option<&str>,
+        origin: Option<&str>,
+        allowed_origins: &[String],
+    ) -> Result<(), BrowserRefusal> {
+        if matches!(self, Self::Grants(_)) {
+            return Ok(());
+        }
+        if !host.is_some_and(is_loopback_authority) {
+            return Err(BrowserRefusal::Host);
+        }
+        match origin {
+            None => Ok(()),
+            Some(o) if allowed_origins.iter().any(|a| a == o) || is_loopback_origin(o) => Ok(()),
+            Some(_) => Err(BrowserRefusal::Origin),
+        }
+    }
+
     /// The tenants `peer` may act for on `service`: every tenant under open
     /// access, else the union of the tenants of its grants of `service`.
     #[must_use]
@@ -344,6 +380,70 @@ impl AccessPolicy {
                 }),
         }
     }
+}
+
+/// Which header of an HTTP/1.x request an open listener refused
+/// ([`AccessPolicy::admits_http1`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrowserRefusal {
+    /// `Host` missing or not a loopback name.
+    Host,
+    /// `Origin` neither loopback nor configured.
+    Origin,
+}
+
+impl BrowserRefusal {
+    /// The stable reason, for `ErrorInfo` and the metrics.
+    #[must_use]
+    pub const fn reason(self) -> &'static str {
+        match self {
+            Self::Host => "host_not_loopback",
+            Self::Origin => "origin_not_allowed",
+        }
+    }
+}
+
+/// Whether an authority (`host[:port]`) names the loopback interface:
+/// `localhost` (any case, a trailing dot allowed), an IPv4 address in
+/// 127.0.0.0/8, or `[::1]`. Anything else, a name that merely resolves
+/// to loopback included, is not: that name is what rebinding controls.
+fn is_loopback_authority(authority: &str) -> bool {
+    let host = if let Some(rest) = authority.strip_prefix('[') {
+        let Some((inside, after)) = rest.split_once(']') else {
+            return false;
+        };
+        if !(after.is_empty() || is_port(after)) {
+            return false;
+        }
+        return inside
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|a| a.is_loopback());
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) if is_port(&format!(":{port}")) => host,
+            Some(_) => return false,
+            None => authority,
+        }
+    };
+    let name = host.strip_suffix('.').unwrap_or(host);
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|a| a.is_loopback())
+}
+
+/// `:` followed by 1 to 5 digits.
+fn is_port(text: &str) -> bool {
+    text.strip_prefix(':')
+        .is_some_and(|p| (1..=5).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Whether an `Origin` is `http://` or `https://` and a loopback authority.
+fn is_loopback_origin(origin: &str) -> bool {
+    origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+        .is_some_and(is_loopback_authority)
 }
 
 #[cfg(test)]
@@ -522,5 +622,83 @@ mod tests {
         );
         assert_eq!(peer.to_string(), "san:executor.acme.internal");
         assert!(PeerIdentity::from_certificate_der(b"junk").is_anonymous());
+    }
+
+    #[test]
+    fn an_open_listener_admits_only_loopback_hosts_and_origins_over_http1() {
+        let open = AccessPolicy::Open;
+        let allowed = vec!["https://approvals.example.com".to_owned()];
+        for host in [
+            "127.0.0.1:50051",
+            "127.3.4.5:1",
+            "localhost:50051",
+            "LOCALHOST",
+            "localhost.:80",
+            "[::1]:50051",
+            "[::1]",
+            "127.0.0.1",
+        ] {
+            assert_eq!(
+                open.admits_http1(Some(host), None, &allowed),
+                Ok(()),
+                "{host}"
+            );
+        }
+        for host in [
+            "evil.example:50051",
+            "evil.example",
+            "localhost.evil.example:50051",
+            "127.0.0.1.nip.io:50051",
+            "0.0.0.0:50051",
+            "10.0.0.1:50051",
+            "[::2]:50051",
+            "[::1]x",
+            "127.0.0.1:port",
+            "127.0.0.1:123456",
+            "",
+        ] {
+            assert_eq!(
+                open.admits_http1(Some(host), None, &allowed),
+                Err(BrowserRefusal::Host),
+                "{host}"
+            );
+        }
+        assert_eq!(
+            open.admits_http1(None, None, &allowed),
+            Err(BrowserRefusal::Host)
+        );
+        let host = Some("127.0.0.1:50051");
+        for origin in [
+            "http://localhost:3000",
+            "https://127.0.0.1",
+            "http://[::1]:8080",
+            "https://approvals.example.com",
+        ] {
+            assert_eq!(
+                open.admits_http1(host, Some(origin), &allowed),
+                Ok(()),
+                "{origin}"
+            );
+        }
+        for origin in [
+            "http://evil.example:50051",
+            "null",
+            "https://approvals.example.com.evil.example",
+            "http://approvals.example.com",
+            "file://",
+            "localhost:3000",
+        ] {
+            assert_eq!(
+                open.admits_http1(host, Some(origin), &allowed),
+                Err(BrowserRefusal::Origin),
+                "{origin}"
+            );
+        }
+        // Under grants the transport identifies the caller: nothing to check.
+        let grants = AccessPolicy::Grants(Vec::new());
+        assert_eq!(
+            grants.admits_http1(Some("evil.example"), Some("null"), &[]),
+            Ok(())
+        );
     }
 }

@@ -42,20 +42,71 @@ fn peer_of(ext: &http::Extensions) -> PeerIdentity {
     PeerIdentity::default()
 }
 
+/// The service a path names, as the metrics and messages label it.
+const fn service_label(target: Target) -> &'static str {
+    match target {
+        Target::Service(s) => s.as_str(),
+        Target::Health => "health",
+        Target::Unknown => "unknown",
+    }
+}
+
 /// The layer: wraps the routes of every service.
 #[derive(Debug, Clone)]
 pub struct AccessLayer {
     policy: Arc<AccessPolicy>,
+    /// The configured gRPC-Web origins, which an open listener's
+    /// DNS-rebinding guard also admits.
+    origins: Arc<[String]>,
     metrics: Arc<Metrics>,
 }
 
 impl AccessLayer {
-    pub fn new(policy: AccessPolicy, metrics: Arc<Metrics>) -> Self {
+    pub fn new(policy: AccessPolicy, origins: &[String], metrics: Arc<Metrics>) -> Self {
         Self {
             policy: Arc::new(policy),
+            origins: origins.into(),
             metrics,
         }
     }
+}
+
+/// The one header value of `name`: `None` when absent, sent twice or not
+/// text (a request that says two things is not taken at either).
+fn single_header(headers: &http::HeaderMap, name: http::header::HeaderName) -> Option<&str> {
+    let mut values = headers.get_all(name).iter();
+    match (values.next(), values.next()) {
+        (Some(v), None) => v.to_str().ok(),
+        _ => None,
+    }
+}
+
+/// The DNS-rebinding guard ([`AccessPolicy::admits_http1`]) on an HTTP/1.x
+/// request: the authority is the request target's when it is in absolute
+/// form (RFC 9112 §3.2.2), else `Host`. h2 is never a browser on a
+/// plain-text listener, so it is not checked.
+fn browser_refusal(
+    layer: &AccessLayer,
+    req: &http::Request<Body>,
+) -> Option<crate::access::BrowserRefusal> {
+    if req.version() > http::Version::HTTP_11 {
+        return None;
+    }
+    let headers = req.headers();
+    let host = match req.uri().authority() {
+        Some(a) => Some(a.as_str()),
+        None => single_header(headers, http::header::HOST),
+    };
+    let origin = if headers.contains_key(http::header::ORIGIN) {
+        // Sent twice or not text: refused as a foreign origin.
+        Some(single_header(headers, http::header::ORIGIN).unwrap_or("null"))
+    } else {
+        None
+    };
+    layer
+        .policy
+        .admits_http1(host, origin, &layer.origins)
+        .err()
 }
 
 impl<S> tower::Layer<S> for AccessLayer {
@@ -98,12 +149,31 @@ where
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
         let peer = peer_of(req.extensions());
         let target = target_of_path(req.uri().path());
+        if let Some(refusal) = browser_refusal(&self.layer, &req) {
+            let reason = refusal.reason();
+            self.layer.metrics.access_denied(service_label(target));
+            // The header values are the attacker's text: not logged.
+            tracing::warn!(
+                reason,
+                "HTTP/1.1 request refused on the open loopback listener (DNS rebinding guard)"
+            );
+            let details = ErrorDetails::with_error_info(reason, "toolgate", []);
+            let status = Status::with_error_details(
+                Code::PermissionDenied,
+                match refusal {
+                    crate::access::BrowserRefusal::Host => {
+                        "an open loopback listener serves only requests addressed to a loopback host"
+                    }
+                    crate::access::BrowserRefusal::Origin => {
+                        "an open loopback listener serves browsers only from a loopback origin or a configured grpc_web.allowed_origins entry"
+                    }
+                },
+                details,
+            );
+            return Box::pin(std::future::ready(Ok(status.into_http())));
+        }
         if !self.layer.policy.allows(&peer, target) {
-            let service = match target {
-                Target::Service(s) => s.as_str(),
-                Target::Health => "health",
-                Target::Unknown => "unknown",
-            };
+            let service = service_label(target);
             self.layer.metrics.access_denied(service);
             tracing::warn!(caller = %peer, service, "call refused: the caller has no grant for the service");
             let details = ErrorDetails::with_error_info(

@@ -309,6 +309,7 @@ where
         .layer(tonic_web::GrpcWebLayer::new())
         .layer(admission::AccessLayer::new(
             options.access.clone(),
+            &options.cors_origins,
             Arc::clone(metrics),
         ))
         .add_routes(routes)

@@ -23,6 +23,7 @@ mod listeners;
 mod node;
 mod prerequisites;
 mod python;
+mod rebinding;
 mod reload;
 mod replicas;
 mod restart;
