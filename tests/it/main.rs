@@ -20,6 +20,7 @@ mod decoding_path;
 mod ledger;
 mod ledger_crash;
 mod listeners;
+mod log_secrets;
 mod node;
 mod prerequisites;
 mod python;

@@ -17,6 +17,9 @@ pub fn toolgate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_toolgate"))
 }
 
+/// Lines a child wrote, as `(stream, line)`: `("stderr", …)` or `("stdout", …)`.
+pub type Kept = std::sync::Arc<std::sync::Mutex<Vec<(&'static str, String)>>>;
+
 /// A running `toolgate serve`; killed (SIGKILL) when dropped.
 pub struct Sidecar {
     child: Child,
@@ -56,18 +59,39 @@ impl Sidecar {
     /// reads the bound addresses from its JSON log lines `metrics serving`
     /// and `toolgate serving`, which come in that order (bounded: 60 s,
     /// then fail).
-    pub fn spawn(mut command: Command) -> Self {
+    pub fn spawn(command: Command) -> Self {
+        Self::spawn_logged(command, "info", None)
+    }
+
+    /// Like [`Self::spawn`] with `RUST_LOG=rust_log`; with `keep`, every
+    /// line the process writes to stderr or stdout is appended to it, as
+    /// `(stream, line)`.
+    pub fn spawn_logged(mut command: Command, rust_log: &str, keep: Option<Kept>) -> Self {
         let mut child = command
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
+            .env("RUST_LOG", rust_log)
+            .stdout(if keep.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let stderr = child.stderr.take().unwrap();
+        if let (Some(stdout), Some(keep)) = (child.stdout.take(), keep.clone()) {
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    keep.lock().unwrap().push(("stdout", line));
+                }
+            });
+        }
         let (tx, rx) = std::sync::mpsc::channel();
         // Reads the log to its end, so the child never blocks on a full pipe.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(keep) = &keep {
+                    keep.lock().unwrap().push(("stderr", line.clone()));
+                }
                 let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
                     continue;
                 };
