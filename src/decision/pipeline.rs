@@ -315,7 +315,7 @@ impl ToolCallAuthorizer {
             None
         } else {
             match self
-                .check_approval(&input.approval_id, caller, &hashed, now)
+                .check_approval(&input.approval_id, caller, &hashed, &input.request_id, now)
                 .await
             {
                 Ok(record) => Some(record),
@@ -465,6 +465,7 @@ impl ToolCallAuthorizer {
         approval_id: &str,
         caller: &Caller,
         h: &Hashed<'_>,
+        request_id: &str,
         now: UnixMillis,
     ) -> Result<ApprovalRecord, Envelope> {
         let record = match self
@@ -481,11 +482,9 @@ impl ToolCallAuthorizer {
             }
             Err(e) => return Err(self.store_failure(&e)),
         };
-        let bound = record.requester_subject_id == caller.subject_id
-            && record.tool == h.tool.name
-            && record.risk == h.tool.risk
-            && record.arguments_sha256 == h.sha;
-        if !bound {
+        // The whole call (DESIGN §4): a gateway call (§11.3) would use
+        // `same_call_but_request_id` alone.
+        if !same_call_but_request_id(&record, caller, h) || record.request_id != request_id {
             return Err(approval_envelope(ErrorCode::ApprovalMismatch, &record));
         }
         match record.status {
@@ -554,6 +553,19 @@ fn audited<'a>(input: &'a AuthorizeInput, outcome: &'a AuthorizeOutcome) -> Deci
         approval_created: outcome.approval.as_ref().map(|a| a.0.as_str()),
         approval_presented: &input.approval_id,
     }
+}
+
+/// An approval's binding minus the request id: tenant (the record was read
+/// in the caller's tenant), requester, tool, tool version, risk and
+/// arguments hash. DESIGN §4 adds the request id; §11.3's gateway lookup
+/// is the one binding without it.
+fn same_call_but_request_id(record: &ApprovalRecord, caller: &Caller, h: &Hashed<'_>) -> bool {
+    record.tenant_id == caller.tenant_id
+        && record.requester_subject_id == caller.subject_id
+        && record.tool == h.tool.name
+        && record.tool_version == h.tool.version
+        && record.risk == h.tool.risk
+        && record.arguments_sha256 == h.sha
 }
 
 fn approval_envelope(code: ErrorCode, record: &ApprovalRecord) -> Envelope {

@@ -230,7 +230,8 @@ fn stored_error(text: Option<&str>) -> Result<Option<RecordedError>, StoreError>
 #[async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Returns the PENDING, unexpired approval bound to exactly this call
-    /// (tenant, requester, tool, arguments hash, request id), creating it
+    /// (tenant, requester, tool, tool version, risk, arguments hash, request
+    /// id: DESIGN §4), creating it
     /// from `new` if there is none, in one transaction: the same call again
     /// never floods approvers with duplicates. The flag is true when this
     /// call created it.

@@ -74,7 +74,18 @@ CREATE TABLE ledger_fencing (
 );
 INSERT INTO ledger_fencing (singleton, last_token) VALUES (1, 0);
 ",
+    // One PENDING per whole call: tool version and risk too (DESIGN §4).
+    r"
+DROP INDEX approvals_one_pending_per_call;
+CREATE UNIQUE INDEX approvals_one_pending_per_call ON approvals
+    (tenant_id, requester_subject_id, tool, tool_version, risk, arguments_sha256, request_id)
+    WHERE status = 'PENDING';
+",
 ];
+
+/// The whole call an approval is bound to (DESIGN §4), parameters ?1–?7.
+const SAME_CALL: &str = "tenant_id = ?1 AND requester_subject_id = ?2 AND tool = ?3 AND tool_version = ?4 \
+     AND risk = ?5 AND arguments_sha256 = ?6 AND request_id = ?7";
 
 /// SQLite behind a mutex; calls run on tokio's blocking pool.
 #[derive(Debug, Clone)]
@@ -386,17 +397,13 @@ impl Store for SqliteStore {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             // A pending approval past its expiry is no longer pending.
             tx.execute(
-                "UPDATE approvals SET status = 'EXPIRED' WHERE status = 'PENDING' AND expires_at <= ?1 \
-                 AND tenant_id = ?2 AND requester_subject_id = ?3 AND tool = ?4 AND arguments_sha256 = ?5 AND request_id = ?6",
-                params![now, new.tenant_id, new.requester_subject_id, new.tool, new.arguments_sha256, new.request_id],
+                &format!("UPDATE approvals SET status = 'EXPIRED' WHERE status = 'PENDING' AND expires_at <= ?8 AND {SAME_CALL}"),
+                params![new.tenant_id, new.requester_subject_id, new.tool, new.tool_version, new.risk.as_str(), new.arguments_sha256, new.request_id, now],
             )?;
             let existing = tx
                 .query_row(
-                    &format!(
-                        "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'PENDING' AND tenant_id = ?1 \
-                         AND requester_subject_id = ?2 AND tool = ?3 AND arguments_sha256 = ?4 AND request_id = ?5"
-                    ),
-                    params![new.tenant_id, new.requester_subject_id, new.tool, new.arguments_sha256, new.request_id],
+                    &format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'PENDING' AND {SAME_CALL}"),
+                    params![new.tenant_id, new.requester_subject_id, new.tool, new.tool_version, new.risk.as_str(), new.arguments_sha256, new.request_id],
                     approval_from_row,
                 )
                 .optional()?;
@@ -708,7 +715,7 @@ mod tests {
             .unwrap()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 2);
+        assert_eq!(version, 3);
         assert_eq!(
             store
                 .get_approval("t1", "a1")
@@ -742,7 +749,7 @@ mod tests {
             SqliteStore::open(&path),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 2
+                known: 3
             })
         ));
     }

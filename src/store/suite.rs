@@ -41,6 +41,7 @@ macro_rules! store_suite {
             the_first_decision_wins_and_expiry_sweeps_what_is_due,
             an_approval_is_consumed_by_the_first_key_only,
             the_same_call_gets_the_same_pending_approval_until_it_expires,
+            another_version_risk_or_request_id_is_another_call,
             one_pending_approval_per_call_across_connections,
             the_first_of_concurrent_decisions_wins_across_connections,
             an_approval_is_consumed_once_across_connections,
@@ -665,6 +666,40 @@ pub async fn the_same_call_gets_the_same_pending_approval_until_it_expires(backe
     let old = store.get_approval("t1", "a1").await.unwrap().unwrap();
     assert_eq!(old.status, ApprovalStatus::Expired);
     assert!(store.get_approval("t2", "a3").await.unwrap().is_none());
+}
+
+/// The pending approval is keyed on the whole call (DESIGN §4): another
+/// tool version, risk or request id gets its own approval; each of them
+/// asked again gets its own back.
+pub async fn another_version_risk_or_request_id_is_another_call(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let mut calls = vec![new_approval("a0", 0)];
+    let mut v2 = new_approval("a1", 0);
+    v2.tool_version = "2".into();
+    calls.push(v2);
+    let mut destructive = new_approval("a2", 0);
+    destructive.risk = Risk::Destructive;
+    calls.push(destructive);
+    let mut r2 = new_approval("a3", 0);
+    r2.request_id = "r2".into();
+    calls.push(r2);
+    for call in &calls {
+        let (record, created) = store
+            .pending_approval_for_call(call.clone(), 0)
+            .await
+            .unwrap();
+        assert_eq!(
+            (record.approval_id.as_str(), created),
+            (call.approval_id.as_str(), true)
+        );
+    }
+    for (i, call) in calls.into_iter().enumerate() {
+        let expected = call.approval_id.clone();
+        let mut again = call;
+        again.approval_id = format!("again{i}");
+        let (record, created) = store.pending_approval_for_call(again, 5).await.unwrap();
+        assert_eq!((record.approval_id, created), (expected, false));
+    }
 }
 
 /// 16 requests for the same call at once, on two connections: one approval,

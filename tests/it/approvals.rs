@@ -74,16 +74,7 @@ async fn the_full_flow_pending_approved_allowed_once_per_operation(backend: Back
     assert_eq!(shown.requester_subject_id, "bob");
     assert_eq!(shown.arguments_sha256, first.arguments_sha256);
 
-    let decided = decide(
-        &mut approvals,
-        &admin,
-        &approval_id,
-        pb::Verdict::Approve,
-        &shown.arguments_sha256,
-    )
-    .await;
-    assert_eq!(decided.error, None);
-    let decided = decided.approval.unwrap();
+    let decided = approve(&server, &approval_id, &shown.arguments_sha256).await;
     assert_eq!(decided.status(), pb::ApprovalStatus::Approved);
     assert_eq!(decided.decided_by, "dana");
 
@@ -107,11 +98,12 @@ async fn the_full_flow_pending_approved_allowed_once_per_operation(backend: Back
             .decision(),
         Decision::Allow
     );
+    // Another operation is another request id: not the call approved.
     let mut other = retry.clone();
     other.request_id = "req-other".into();
     assert_eq!(
         code(&client.authorize(other).await.unwrap().into_inner()),
-        "approval_consumed"
+        "approval_mismatch"
     );
 
     // The first decision wins; a second is refused.
@@ -705,8 +697,152 @@ async fn display_arguments_redact_the_sensitive_pointers() {
     drop(dir);
 }
 
+/// The approval, read by an approver: its status and consuming key.
+async fn state(server: &TestServer, approval_id: &str) -> (pb::ApprovalStatus, String) {
+    let a = ApprovalServiceClient::new(server.channel().await)
+        .get_approval(pb::GetApprovalRequest {
+            identity_token: token("dana", "acme", &["support_admin"]),
+            approval_id: approval_id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .approval
+        .unwrap();
+    (a.status(), a.consumed_by_idempotency_key)
+}
+
+/// dana (a `support_admin` of acme) approves, having been shown `sha`.
+async fn approve(server: &TestServer, approval_id: &str, sha: &str) -> pb::Approval {
+    let mut approvals = ApprovalServiceClient::new(server.channel().await);
+    let admin = token("dana", "acme", &["support_admin"]);
+    let decided = decide(
+        &mut approvals,
+        &admin,
+        approval_id,
+        pb::Verdict::Approve,
+        sha,
+    )
+    .await;
+    assert_eq!(decided.error, None);
+    decided.approval.unwrap()
+}
+
+/// Asks for an approval of `BIG_REFUND` under `req-1` and grants it.
+async fn approved(server: &TestServer) -> String {
+    let first = pending(server).await;
+    let approval_id = first.approval.unwrap().approval_id;
+    approve(server, &approval_id, &first.arguments_sha256).await;
+    approval_id
+}
+
+/// `call` presents the approval for another call: DENY with
+/// `approval_mismatch`, and the approval stays APPROVED and unconsumed.
+async fn refused_unconsumed(server: &TestServer, call: pb::AuthorizeRequest, approval_id: &str) {
+    let mut client = server.client().await;
+    let refused = client.authorize(call).await.unwrap().into_inner();
+    assert_eq!(
+        (refused.decision(), code(&refused)),
+        (Decision::Deny, "approval_mismatch")
+    );
+    assert_eq!(
+        state(server, approval_id).await,
+        (pb::ApprovalStatus::Approved, String::new())
+    );
+}
+
+/// DESIGN §4: an approval granted for request R1 presented with R2 is
+/// refused (`approval_mismatch`) and not consumed; R1 is still allowed.
+/// Asking again under R2 is another call: its own pending approval.
+async fn an_approval_is_bound_to_its_request_id(backend: Backend) {
+    let server = TestServer::start_on(backend).await;
+    let mut client = server.client().await;
+    let approval_id = approved(&server).await;
+
+    let mut stolen = request("refund_order", BIG_REFUND);
+    stolen.request_id = "req-2".into();
+    stolen.approval_id.clone_from(&approval_id);
+    refused_unconsumed(&server, stolen, &approval_id).await;
+
+    let mut own = request("refund_order", BIG_REFUND);
+    own.approval_id.clone_from(&approval_id);
+    let allowed = client.authorize(own).await.unwrap().into_inner();
+    assert_eq!(allowed.decision(), Decision::Allow, "{:?}", allowed.error);
+    assert_eq!(
+        state(&server, &approval_id).await,
+        (pb::ApprovalStatus::Approved, allowed.idempotency_key)
+    );
+
+    let mut r2 = request("refund_order", BIG_REFUND);
+    r2.request_id = "req-2".into();
+    let asked = client.authorize(r2).await.unwrap().into_inner();
+    assert_eq!(asked.decision(), Decision::ApprovalRequired);
+    assert_ne!(asked.approval.unwrap().approval_id, approval_id);
+    server.stop().await;
+}
+
+/// Waits (at most 5 s) until the live contract of `refund_order` has
+/// `version`.
+async fn refund_version_is(server: &TestServer, version: &str) {
+    let start = std::time::Instant::now();
+    loop {
+        let tools = server
+            .client()
+            .await
+            .list_tools(pb::ListToolsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .tools;
+        if tools
+            .iter()
+            .any(|t| t.name == "refund_order" && t.version == version)
+        {
+            return;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "refund_order {version} not live within 5 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// DESIGN §4: an approval granted for tool version 1.2.0 is refused
+/// (`approval_mismatch`) once the contract is 1.3.0, and not consumed; back
+/// on 1.2.0 the approved call is allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_is_bound_to_its_tool_version() {
+    let (_dir, policies) = crate::support::copy_of_examples();
+    let contract = policies.join("tools/refund_order.json");
+    let original = std::fs::read_to_string(&contract).unwrap();
+    assert!(original.contains(r#""version": "1.2.0""#));
+    let server = TestServer::start_reloading(&policies).await;
+    let mut client = server.client().await;
+    let approval_id = approved(&server).await;
+    let mut with_approval = request("refund_order", BIG_REFUND);
+    with_approval.approval_id.clone_from(&approval_id);
+
+    let edit = |text: &str| {
+        // Through a rename, so no reload reads half a file.
+        let tmp = contract.with_extension("tmp-edit");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &contract).unwrap();
+    };
+    edit(&original.replace(r#""version": "1.2.0""#, r#""version": "1.3.0""#));
+    refund_version_is(&server, "1.3.0").await;
+    refused_unconsumed(&server, with_approval.clone(), &approval_id).await;
+
+    edit(&original);
+    refund_version_is(&server, "1.2.0").await;
+    let allowed = client.authorize(with_approval).await.unwrap().into_inner();
+    assert_eq!(allowed.decision(), Decision::Allow, "{:?}", allowed.error);
+    server.stop().await;
+}
+
 both_backends!(
     the_full_flow_pending_approved_allowed_once_per_operation,
+    an_approval_is_bound_to_its_request_id,
     approvers_are_authorized_by_policy_and_bound_to_the_hash_shown,
     the_first_of_sixteen_concurrent_decisions_wins,
     listing_is_scoped_to_the_tenant_and_paginated,

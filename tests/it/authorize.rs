@@ -807,12 +807,12 @@ async fn a_granted_approval_allows_exactly_its_call_for_one_operation() {
             .decision(),
         Decision::Allow
     );
-    // Another operation may not.
+    // Another operation (another request id) may not: not the call approved.
     let mut other = with_approval.clone();
     other.request_id = "req-other".into();
     assert_eq!(
         code(&client.authorize(other).await.unwrap().into_inner()),
-        "approval_consumed"
+        "approval_mismatch"
     );
     // Changing one argument after approval is refused.
     let mut changed = request(

@@ -253,7 +253,7 @@ async fn an_approval_travels_between_replicas_and_every_watch_sees_it_once() {
     other.request_id = "req-other".into();
     for client in [&mut client_b, &mut client_a] {
         let refused = client.authorize(other.clone()).await.unwrap().into_inner();
-        assert_eq!(code(&refused), "approval_consumed");
+        assert_eq!(code(&refused), "approval_mismatch");
     }
 
     // Nothing was announced twice: the next event on each watch is a new

@@ -129,14 +129,14 @@ async fn an_approval_survives_kill_9_at_every_step() {
     sidecar.kill();
 
     // 4. The consumption survived: the same operation may use it again,
-    //    another operation may not.
+    //    another operation (another request id) is not the call approved.
     let sidecar = Sidecar::start(dir.path(), &jwks_args(dir.path()));
     let again = authorize(&sidecar, "refund-1", &approval_id).await;
     assert_eq!(again.decision(), Decision::Allow, "{:?}", again.error);
     assert_eq!(again.idempotency_key, allowed.idempotency_key);
     let other = authorize(&sidecar, "refund-2", &approval_id).await;
     assert_eq!(other.decision(), Decision::Deny);
-    assert_eq!(code(&other), "approval_consumed");
+    assert_eq!(code(&other), "approval_mismatch");
     let consumed = get(&sidecar, &approver, &approval_id).await;
     assert_eq!(
         consumed.consumed_by_idempotency_key,

@@ -9,7 +9,8 @@ use super::{Failure, MIGRATION_LOCK};
 /// Versioned migrations; index + 1 is the schema version they produce.
 /// Text keys that are ordered (approval ids, for pagination) use the "C"
 /// collation: byte order, as in SQLite, whatever the database's locale.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE approvals (
     approval_id TEXT COLLATE "C" PRIMARY KEY,
     tenant_id TEXT NOT NULL,
@@ -55,7 +56,15 @@ CREATE TABLE executions (
 );
 CREATE INDEX executions_by_updated_at ON executions (updated_at);
 CREATE SEQUENCE ledger_fencing AS BIGINT MINVALUE 1 START 1 NO CYCLE;
-"#];
+"#,
+    // One PENDING per whole call: tool version and risk too (DESIGN §4).
+    r#"
+DROP INDEX approvals_one_pending_per_call;
+CREATE UNIQUE INDEX approvals_one_pending_per_call ON approvals
+    (tenant_id, requester_subject_id, tool, tool_version, risk, arguments_sha256, request_id)
+    WHERE status = 'PENDING';
+"#,
+];
 
 pub(super) async fn migrate(mut client: Object) -> Result<(), Failure> {
     let tx = client.transaction().await?;

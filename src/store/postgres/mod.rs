@@ -290,19 +290,23 @@ impl Store for PostgresStore {
         let new = &new;
         let origin = &*self.origin;
         self.run(|mut client| async move {
+            // The whole call an approval is bound to (DESIGN §4).
             let call = "tenant_id = $1 AND requester_subject_id = $2 AND tool = $3 \
-                        AND arguments_sha256 = $4 AND request_id = $5";
+                        AND tool_version = $4 AND risk = $5 AND arguments_sha256 = $6 AND request_id = $7";
+            let risk = new.risk.as_str();
             let tx = client.transaction().await?;
             // A pending approval past its expiry is no longer pending.
             tx.execute(
                 &format!(
                     "UPDATE approvals SET status = 'EXPIRED' \
-                     WHERE status = 'PENDING' AND expires_at <= $6 AND {call}"
+                     WHERE status = 'PENDING' AND expires_at <= $8 AND {call}"
                 ),
                 &[
                     &new.tenant_id,
                     &new.requester_subject_id,
                     &new.tool,
+                    &new.tool_version,
+                    &risk,
                     &new.arguments_sha256,
                     &new.request_id,
                     &now,
@@ -315,7 +319,7 @@ impl Store for PostgresStore {
             let insert = format!(
                 "WITH created AS (INSERT INTO approvals ({APPROVAL_COLUMNS}) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'PENDING', $11, $12, NULL, NULL, NULL, NULL) \
-                 ON CONFLICT (tenant_id, requester_subject_id, tool, arguments_sha256, request_id) \
+                 ON CONFLICT (tenant_id, requester_subject_id, tool, tool_version, risk, arguments_sha256, request_id) \
                  WHERE status = 'PENDING' DO NOTHING RETURNING *) \
                  SELECT {APPROVAL_COLUMNS}, {} FROM created",
                 Self::announce(ApprovalEventKind::Created, "$13")
@@ -353,6 +357,8 @@ impl Store for PostgresStore {
                                 &new.tenant_id,
                                 &new.requester_subject_id,
                                 &new.tool,
+                                &new.tool_version,
+                                &risk,
                                 &new.arguments_sha256,
                                 &new.request_id,
                             ],
