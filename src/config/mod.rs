@@ -302,7 +302,7 @@ impl Config {
                     return Err(ConfigError::Invalid {
                         key,
                         reason: "must be positive".into(),
-                    })
+                    });
                 }
                 Some(n) => *slot = n,
                 None => {}

@@ -59,8 +59,8 @@ use super::{
     APPROVAL_COLUMNS, ApprovalDecision, ApprovalUse, DecideOutcome, EXECUTION_COLUMNS, Store,
     StoreError, StoreSettings, collectable_states_sql,
 };
-use crate::approvals::{PendingScope, 
-    ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval,
+use crate::approvals::{
+    ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval, PendingScope,
 };
 use crate::clock::UnixMillis;
 use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled};
