@@ -243,7 +243,9 @@ impl ErrorCode {
                 false,
             ),
             // Nothing was started: the same operation may be retried, after
-            // `details.retry_after_ms`. The model may see it, to back off.
+            // `details.retry_after_ms`, or (`details.limit`, a cap on pending
+            // approvals) once approvers have decided some. The model may see
+            // it, to back off.
             Self::RateLimited => (
                 "rate_limited",
                 "rate_limit",

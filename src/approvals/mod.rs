@@ -69,6 +69,56 @@ pub struct NewApproval {
     pub request_id: String,
     pub created_at: UnixMillis,
     pub expires_at: UnixMillis,
+    /// The caps on PENDING approvals this one must fit under.
+    pub limits: PendingLimits,
+}
+
+/// The most PENDING, unexpired approvals at once: per (tenant, requester
+/// subject) and per tenant (`[decisions]` in `toolgate.toml`), so that a
+/// misled model cannot flood approvers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingLimits {
+    pub per_subject: u32,
+    pub per_tenant: u32,
+}
+
+impl Default for PendingLimits {
+    fn default() -> Self {
+        Self {
+            per_subject: 100,
+            per_tenant: 1000,
+        }
+    }
+}
+
+/// Which cap on PENDING approvals a new one would exceed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PendingScope {
+    Subject,
+    Tenant,
+}
+
+impl PendingScope {
+    /// The stable name, in an envelope's `details.limit`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Subject => "pending_approvals_per_subject",
+            Self::Tenant => "pending_approvals_per_tenant",
+        }
+    }
+
+    /// The scope a count of PENDING approvals exceeds, if any.
+    #[must_use]
+    pub fn exceeded(limits: PendingLimits, subject: i64, tenant: i64) -> Option<Self> {
+        if subject >= i64::from(limits.per_subject) {
+            Some(Self::Subject)
+        } else if tenant >= i64::from(limits.per_tenant) {
+            Some(Self::Tenant)
+        } else {
+            None
+        }
+    }
 }
 
 /// A stored approval.

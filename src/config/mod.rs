@@ -285,6 +285,29 @@ impl Config {
             }
             authorizer.pending_approval_ttl = Duration::from_secs(s);
         }
+        for (key, value, slot) in [
+            (
+                "decisions.max_pending_approvals_per_subject",
+                raw.decisions.max_pending_approvals_per_subject,
+                &mut authorizer.pending_limits.per_subject,
+            ),
+            (
+                "decisions.max_pending_approvals_per_tenant",
+                raw.decisions.max_pending_approvals_per_tenant,
+                &mut authorizer.pending_limits.per_tenant,
+            ),
+        ] {
+            match value {
+                Some(0) => {
+                    return Err(ConfigError::Invalid {
+                        key,
+                        reason: "must be positive".into(),
+                    });
+                }
+                Some(n) => *slot = n,
+                None => {}
+            }
+        }
         if let Some(n) = raw.decisions.max_violations {
             authorizer.violation_cap = n.max(1);
         }

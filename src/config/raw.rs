@@ -206,5 +206,7 @@ pub(super) struct RawLimits {
 pub(super) struct RawDecisions {
     pub(super) deadline_margin_ms: Option<u64>,
     pub(super) pending_approval_ttl_seconds: Option<u64>,
+    pub(super) max_pending_approvals_per_subject: Option<u32>,
+    pub(super) max_pending_approvals_per_tenant: Option<u32>,
     pub(super) max_violations: Option<usize>,
 }

@@ -529,3 +529,38 @@ fn the_example_configuration_loads() {
     assert!(c.require_identity_token);
     assert!(c.metrics_listen.is_some());
 }
+
+/// The caps on pending approvals default to 100 per subject and 1000 per
+/// tenant, are set in `[decisions]`, and must be positive.
+#[test]
+fn pending_approval_caps_are_configurable_and_positive() {
+    let c = Config::from_raw(RawConfig::default(), Overrides::default()).unwrap();
+    assert_eq!(
+        c.authorizer.pending_limits,
+        crate::approvals::PendingLimits {
+            per_subject: 100,
+            per_tenant: 1000
+        }
+    );
+    let c = load(
+        "[decisions]\nmax_pending_approvals_per_subject = 3\nmax_pending_approvals_per_tenant = 7\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        c.authorizer.pending_limits,
+        crate::approvals::PendingLimits {
+            per_subject: 3,
+            per_tenant: 7
+        }
+    );
+    for key in [
+        "max_pending_approvals_per_subject",
+        "max_pending_approvals_per_tenant",
+    ] {
+        match load(&format!("[decisions]\n{key} = 0\n"), &[]) {
+            Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, format!("decisions.{key}")),
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+}

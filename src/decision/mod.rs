@@ -36,6 +36,8 @@ pub struct AuthorizerConfig {
     pub deadline_margin: Duration,
     /// How long a PENDING approval waits for a human.
     pub pending_approval_ttl: Duration,
+    /// The caps on PENDING approvals.
+    pub pending_limits: crate::approvals::PendingLimits,
 }
 
 impl Default for AuthorizerConfig {
@@ -49,6 +51,7 @@ impl Default for AuthorizerConfig {
             violation_cap: 20,
             deadline_margin: Duration::from_millis(50),
             pending_approval_ttl: Duration::from_secs(3600),
+            pending_limits: crate::approvals::PendingLimits::default(),
         }
     }
 }

@@ -27,7 +27,7 @@ use crate::identity::{Caller, Principals};
 use crate::metrics::{Metrics, UNKNOWN_TOOL};
 use crate::policy::{DecideError, PolicyDecision, PolicyEngine, ToolCall};
 use crate::ratelimit::{Limited, RateLimits};
-use crate::store::{ApprovalUse, Store};
+use crate::store::{ApprovalUse, Store, StoreError};
 use crate::tools::{Risk, ToolContract};
 
 /// Everything a [`ToolCallAuthorizer`] needs; none of it has a default, so
@@ -409,6 +409,7 @@ impl ToolCallAuthorizer {
                     request_id: input.request_id.clone(),
                     created_at: now,
                     expires_at: now.saturating_add(ttl),
+                    limits: self.config.pending_limits,
                 };
                 match self.store.pending_approval_for_call(new, now).await {
                     Ok((record, created)) => {
@@ -428,6 +429,15 @@ impl ToolCallAuthorizer {
                         out.approval = Some((record.approval_id, record.expires_at));
                         Ok(out)
                     }
+                    // Nothing was requested: the caller may retry once
+                    // approvers have decided some of the pending ones.
+                    Err(StoreError::PendingLimit(scope)) => Ok(out.deny(
+                        Envelope::new(
+                            ErrorCode::RateLimited,
+                            "too many approvals are pending; retry after some are decided",
+                        )
+                        .with("limit", scope.as_str()),
+                    )),
                     Err(e) => Ok(out.deny(self.store_failure(&e))),
                 }
             }

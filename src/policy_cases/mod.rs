@@ -328,6 +328,7 @@ async fn grant(
                 request_id: call.request_id.clone(),
                 created_at: now,
                 expires_at: now + hour,
+                limits: approvals::PendingLimits::default(),
             },
             now,
         )

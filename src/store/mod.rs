@@ -73,6 +73,8 @@ pub enum StoreError {
     Timeout { ms: u128 },
     #[error("the transaction conflicted with concurrent ones {tries} times; retry")]
     Contended { tries: u32 },
+    #[error("too many approvals are pending ({})", .0.as_str())]
+    PendingLimit(crate::approvals::PendingScope),
 }
 
 /// Settings of a shared database (`[store]` in `toolgate.toml`); the
@@ -142,6 +144,20 @@ pub enum DecideOutcome {
     /// Somebody decided first (or it expired): the first decision wins.
     AlreadyDecided(ApprovalRecord),
     NotFound,
+}
+
+/// Counts one tenant's PENDING, unexpired approvals: of the subject `?2`
+/// (`$2`) and of the whole tenant `?1` (`$1`), unexpired after `?3` (`$3`).
+const PENDING_COUNTS: &str = "SELECT \
+     COUNT(*) FILTER (WHERE requester_subject_id = {2}), COUNT(*) \
+     FROM approvals WHERE tenant_id = {1} AND status = 'PENDING' AND expires_at > {3}";
+
+/// [`PENDING_COUNTS`] with the backend's placeholders.
+fn pending_counts_sql(mark: char) -> String {
+    PENDING_COUNTS
+        .replace("{1}", &format!("{mark}1"))
+        .replace("{2}", &format!("{mark}2"))
+        .replace("{3}", &format!("{mark}3"))
 }
 
 /// The columns of an approval, in the order every backend reads them.
@@ -234,9 +250,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// id: DESIGN §4), creating it
     /// from `new` if there is none, in one transaction: the same call again
     /// never floods approvers with duplicates. The flag is true when this
-    /// call created it.
+    /// call created it. A new approval must fit under `new.limits`, counted
+    /// in the same transaction (PENDING and unexpired ones only).
     ///
     /// # Errors
+    /// [`StoreError::PendingLimit`] when a new approval would exceed a cap;
     /// [`StoreError`] when the database fails.
     async fn pending_approval_for_call(
         &self,

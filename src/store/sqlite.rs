@@ -411,6 +411,15 @@ impl Store for SqliteStore {
                 tx.commit()?;
                 return record.map(|r| (r, false));
             }
+            // Inside BEGIN IMMEDIATE: no other writer counts or inserts meanwhile.
+            let (subject, tenant): (i64, i64) = tx.query_row(
+                &super::pending_counts_sql('?'),
+                params![new.tenant_id, new.requester_subject_id, now],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )?;
+            if let Some(scope) = crate::approvals::PendingScope::exceeded(new.limits, subject, tenant) {
+                return Err(StoreError::PendingLimit(scope));
+            }
             tx.execute(
                 &format!("INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'PENDING', ?11, ?12, NULL, NULL, NULL, NULL)"),
                 params![

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{ApprovalDecision, ApprovalUse, DecideOutcome, Store};
-use crate::approvals::{ApprovalStatus, NewApproval};
+use super::{ApprovalDecision, ApprovalUse, DecideOutcome, Store, StoreError};
+use crate::approvals::{ApprovalStatus, NewApproval, PendingLimits, PendingScope};
 use crate::clock::UnixMillis;
 use crate::ledger::{
     Begin, BeginOutcome, Collect, Complete, Completion, ExecutionId, ExecutionState, OutputSchemas,
@@ -46,6 +46,8 @@ macro_rules! store_suite {
             the_first_of_concurrent_decisions_wins_across_connections,
             an_approval_is_consumed_once_across_connections,
             each_expiry_is_swept_once_across_connections,
+            pending_approvals_are_capped_per_subject_and_per_tenant,
+            the_pending_cap_holds_across_connections,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {
@@ -465,6 +467,7 @@ pub fn new_approval(id: &str, now: UnixMillis) -> NewApproval {
         request_id: "r1".into(),
         created_at: now,
         expires_at: now + 1000,
+        limits: crate::approvals::PendingLimits::default(),
     }
 }
 
@@ -845,4 +848,97 @@ impl crate::ledger::Transition for Stale {
 pub async fn stale_target(store: &dyn Store) -> (Stale, u64) {
     let begun = store.begin_execution(begin("acme", "k", 0)).await.unwrap();
     (Stale(id("acme", "k")), begun.fencing_token)
+}
+
+/// A distinct call (its own request id) of `subject` in tenant `t1`, under
+/// the caps `limits`.
+fn capped(id: &str, subject: &str, now: UnixMillis, limits: PendingLimits) -> NewApproval {
+    NewApproval {
+        requester_subject_id: subject.into(),
+        request_id: id.into(),
+        limits,
+        ..new_approval(id, now)
+    }
+}
+
+/// At most 2 PENDING per subject and 3 per tenant: the same call again
+/// still gets its approval, a new one past a cap is refused and not stored,
+/// and decided or expired approvals free their place.
+pub async fn pending_approvals_are_capped_per_subject_and_per_tenant(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let limits = PendingLimits {
+        per_subject: 2,
+        per_tenant: 3,
+    };
+    let ask = |id: &str, subject: &str, now: UnixMillis| {
+        let store = Arc::clone(&store);
+        let new = capped(id, subject, now, limits);
+        async move {
+            store
+                .pending_approval_for_call(new, now)
+                .await
+                .map(|(r, created)| (r.approval_id, created))
+        }
+    };
+    assert_eq!(ask("a1", "alice", 0).await.unwrap(), ("a1".into(), true));
+    assert_eq!(ask("a2", "alice", 0).await.unwrap(), ("a2".into(), true));
+    assert!(matches!(
+        ask("a3", "alice", 0).await,
+        Err(StoreError::PendingLimit(PendingScope::Subject))
+    ));
+    // The same call again is not a new approval: no cap applies.
+    assert_eq!(ask("a2", "alice", 0).await.unwrap(), ("a2".into(), false));
+    assert_eq!(ask("b1", "bob", 0).await.unwrap(), ("b1".into(), true));
+    assert!(matches!(
+        ask("c1", "carol", 0).await,
+        Err(StoreError::PendingLimit(PendingScope::Tenant))
+    ));
+    let listed = store.list_approvals("t1", None, None, 100).await.unwrap();
+    assert_eq!(listed.len(), 3);
+    assert!(matches!(
+        store
+            .decide_approval("t1", "a1", decision(false, "ops", 1))
+            .await
+            .unwrap(),
+        DecideOutcome::Decided(_)
+    ));
+    assert_eq!(ask("a4", "alice", 1).await.unwrap(), ("a4".into(), true));
+    // All due at 1000 or 1001: expired ones do not count.
+    assert_eq!(ask("c2", "carol", 1001).await.unwrap(), ("c2".into(), true));
+    assert_eq!(ask("a5", "alice", 1001).await.unwrap(), ("a5".into(), true));
+    assert_eq!(ask("a6", "alice", 1001).await.unwrap(), ("a6".into(), true));
+    assert!(matches!(
+        ask("c3", "carol", 1001).await,
+        Err(StoreError::PendingLimit(PendingScope::Tenant))
+    ));
+}
+
+/// 16 distinct calls of one subject at once on two connections, capped at
+/// 3: exactly 3 approvals exist, the other 13 are refused.
+pub async fn the_pending_cap_holds_across_connections(backend: &dyn Backend) {
+    let stores = [backend.open().await, backend.open().await];
+    let limits = PendingLimits {
+        per_subject: 3,
+        per_tenant: 100,
+    };
+    let answers = at_once(&stores, 16, move |store, i| async move {
+        let new = capped(&format!("a{i:02}"), "alice", 0, limits);
+        match store.pending_approval_for_call(new, 0).await {
+            Ok((_, created)) => Ok(created),
+            Err(StoreError::PendingLimit(scope)) => Err(Some(scope)),
+            Err(_) => Err(None),
+        }
+    })
+    .await;
+    let created = answers.iter().filter(|a| **a == Ok(true)).count();
+    let refused = answers
+        .iter()
+        .filter(|a| **a == Err(Some(PendingScope::Subject)))
+        .count();
+    assert_eq!((created, refused), (3, 13), "{answers:?}");
+    let listed = stores[0]
+        .list_approvals("t1", None, None, 100)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 3);
 }

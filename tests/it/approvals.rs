@@ -5,7 +5,9 @@ use tonic::transport::Channel;
 use toolgate::grpc::pb::approval_service_client::ApprovalServiceClient;
 use toolgate::grpc::pb::{self, Decision};
 
-use crate::support::{Backend, TestServer, auth, both_backends, code, request, token};
+use crate::support::{
+    Backend, TestServer, agent_bob, auth, both_backends, code, details, request, token,
+};
 
 const BIG_REFUND: &str =
     r#"{"order_id":"ord_1001","amount_cents":25000,"currency":"USD","reason":"damaged"}"#;
@@ -340,6 +342,86 @@ async fn the_watch_stream_receives_created_and_decided_events(backend: Backend) 
     let end = tokio::time::timeout(wait, stream.message()).await.unwrap();
     assert_eq!(end.unwrap_err().code(), tonic::Code::Unavailable);
     drop((approvals, client));
+}
+
+/// The pending approvals of tenant `acme`, as its admin lists them.
+async fn pending_count(approvals: &mut ApprovalServiceClient<Channel>) -> usize {
+    approvals
+        .list_approvals(pb::ListApprovalsRequest {
+            identity_token: token("dana", "acme", &["support_admin"]),
+            status: pb::ApprovalStatus::Pending.into(),
+            page_size: 100,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .approvals
+        .len()
+}
+
+/// At most 3 pending approvals per subject: bob's 4th distinct call is
+/// refused `rate_limited` and requests nothing; the same call again still
+/// gets its approval; another subject of the tenant is served; once one of
+/// bob's is decided, bob may request again.
+async fn a_subject_cannot_flood_approvers_past_its_pending_cap(backend: Backend) {
+    let server = TestServer::configured(
+        backend,
+        std::sync::Arc::new(toolgate::clock::SystemClock),
+        |c| {
+            c.authorizer.pending_limits.per_subject = 3;
+        },
+    )
+    .await;
+    let mut client = server.client().await;
+    let mut approvals = ApprovalServiceClient::new(server.channel().await);
+    let call = |i: usize| {
+        let mut req = request("refund_order", BIG_REFUND);
+        req.request_id = format!("req-{i}");
+        req
+    };
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let r = client.authorize(call(i)).await.unwrap().into_inner();
+        assert_eq!(r.decision(), Decision::ApprovalRequired);
+        ids.push(r.approval.unwrap().approval_id);
+    }
+    let refused = client.authorize(call(3)).await.unwrap().into_inner();
+    assert_eq!(refused.decision(), Decision::Deny);
+    assert_eq!(code(&refused), "rate_limited");
+    assert_eq!(details(&refused)["limit"], "pending_approvals_per_subject");
+    assert!(refused.approval.is_none());
+    assert_eq!(pending_count(&mut approvals).await, 3);
+
+    // The same call again is its pending approval, not a new one.
+    let again = client.authorize(call(1)).await.unwrap().into_inner();
+    assert_eq!(again.decision(), Decision::ApprovalRequired);
+    assert_eq!(again.approval.unwrap().approval_id, ids[1]);
+
+    // Another subject of the same tenant is served.
+    let mut carol = call(0);
+    carol.auth = Some(pb::AuthContext {
+        subject_id: "carol".into(),
+        ..agent_bob()
+    });
+    let served = client.authorize(carol).await.unwrap().into_inner();
+    assert_eq!(served.decision(), Decision::ApprovalRequired);
+    assert_eq!(pending_count(&mut approvals).await, 4);
+
+    let admin = token("dana", "acme", &["support_admin"]);
+    let decided = decide(
+        &mut approvals,
+        &admin,
+        &ids[0],
+        pb::Verdict::Reject,
+        &refused.arguments_sha256,
+    )
+    .await;
+    assert_eq!(decided.error, None);
+    let after = client.authorize(call(3)).await.unwrap().into_inner();
+    assert_eq!(after.decision(), Decision::ApprovalRequired);
+    assert_eq!(pending_count(&mut approvals).await, 4);
+    server.stop().await;
 }
 
 async fn approvals_expire_on_the_clock_and_are_announced(backend: Backend) {
@@ -848,4 +930,5 @@ both_backends!(
     listing_is_scoped_to_the_tenant_and_paginated,
     the_watch_stream_receives_created_and_decided_events,
     approvals_expire_on_the_clock_and_are_announced,
+    a_subject_cannot_flood_approvers_past_its_pending_cap,
 );

@@ -60,7 +60,7 @@ use super::{
     StoreError, StoreSettings, collectable_states_sql,
 };
 use crate::approvals::{
-    ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval,
+    ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval, PendingScope,
 };
 use crate::clock::UnixMillis;
 use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled};
@@ -313,6 +313,40 @@ impl Store for PostgresStore {
                 ],
             )
             .await?;
+            // One creator per tenant at a time, so the caps below count
+            // what no concurrent transaction is about to add.
+            tx.execute(
+                "SELECT pg_advisory_xact_lock(hashtext('toolgate.approvals:' || $1::text))",
+                &[&new.tenant_id],
+            )
+            .await?;
+            let existing = tx
+                .query_opt(
+                    &format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'PENDING' AND {call}"),
+                    &[
+                        &new.tenant_id,
+                        &new.requester_subject_id,
+                        &new.tool,
+                        &new.arguments_sha256,
+                        &new.request_id,
+                    ],
+                )
+                .await?;
+            if let Some(row) = existing {
+                let record = approval_from_row(&row)?;
+                tx.commit().await?;
+                return Ok((record, false));
+            }
+            let counts = tx
+                .query_one(
+                    &super::pending_counts_sql('$'),
+                    &[&new.tenant_id, &new.requester_subject_id, &now],
+                )
+                .await?;
+            let (subject, tenant): (i64, i64) = (counts.try_get(0)?, counts.try_get(1)?);
+            if let Some(scope) = PendingScope::exceeded(new.limits, subject, tenant) {
+                return Err(Failure::Store(StoreError::PendingLimit(scope)));
+            }
             // The partial unique index admits one PENDING per call: of two
             // racing inserts, the second waits for the first and writes
             // nothing.
