@@ -327,6 +327,8 @@ impl Store for PostgresStore {
                         &new.tenant_id,
                         &new.requester_subject_id,
                         &new.tool,
+                        &new.tool_version,
+                        &risk,
                         &new.arguments_sha256,
                         &new.request_id,
                     ],
