@@ -113,10 +113,10 @@ def test_approved_refund_runs_once_per_operation(stub, pb, common, apb, approval
     retried = refund_example.authorize_refund(stub, pb, common, args, "refund-5", approval_id=approval_id)
     assert retried.decision == pb.DECISION_ALLOW, retried
     assert retried.idempotency_key == allowed.idempotency_key
-    # ... another operation may not.
+    # ... another operation may not: the approval is bound to its request_id.
     other = refund_example.authorize_refund(stub, pb, common, args, "refund-5b", approval_id=approval_id)
     assert other.decision == pb.DECISION_DENY, other
-    assert other.error.code == "approval_consumed", other.error
+    assert other.error.code == "approval_mismatch", other.error  # bound to its request_id (DESIGN §4)
     assert other.error.resolution == "request_new_approval"
 
 

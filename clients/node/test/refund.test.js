@@ -76,7 +76,8 @@ test("a large refund waits for a human, who approves; the retry is allowed once 
   const allowed = await authorizeRefund(authorization, args, "node-refund-big", { approvalId });
   assert.equal(allowed.decision, "DECISION_ALLOW", JSON.stringify(allowed.error));
   const other = await authorizeRefund(authorization, args, "node-refund-other", { approvalId });
-  assert.equal(other.error.code, "approval_consumed");
+  // Another operation: the approval is bound to its request_id (DESIGN §4).
+  assert.equal(other.error.code, "approval_mismatch");
   const consumed = (await call(approvals, "GetApproval", { identity_token: APPROVER, approval_id: approvalId })).approval;
   assert.equal(consumed.consumed_by_idempotency_key, allowed.idempotency_key);
 });
