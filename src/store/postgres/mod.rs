@@ -294,6 +294,15 @@ impl Store for PostgresStore {
             let call = "tenant_id = $1 AND requester_subject_id = $2 AND tool = $3 \
                         AND tool_version = $4 AND risk = $5 AND arguments_sha256 = $6 AND request_id = $7";
             let risk = new.risk.as_str();
+            let call_params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+                &new.tenant_id,
+                &new.requester_subject_id,
+                &new.tool,
+                &new.tool_version,
+                &risk,
+                &new.arguments_sha256,
+                &new.request_id,
+            ];
             let tx = client.transaction().await?;
             // A pending approval past its expiry is no longer pending.
             tx.execute(
@@ -301,16 +310,7 @@ impl Store for PostgresStore {
                     "UPDATE approvals SET status = 'EXPIRED' \
                      WHERE status = 'PENDING' AND expires_at <= $8 AND {call}"
                 ),
-                &[
-                    &new.tenant_id,
-                    &new.requester_subject_id,
-                    &new.tool,
-                    &new.tool_version,
-                    &risk,
-                    &new.arguments_sha256,
-                    &new.request_id,
-                    &now,
-                ],
+                &[call_params.as_slice(), &[&now]].concat(),
             )
             .await?;
             // One creator per tenant at a time, so the caps below count
@@ -323,15 +323,7 @@ impl Store for PostgresStore {
             let existing = tx
                 .query_opt(
                     &format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'PENDING' AND {call}"),
-                    &[
-                        &new.tenant_id,
-                        &new.requester_subject_id,
-                        &new.tool,
-                        &new.tool_version,
-                        &risk,
-                        &new.arguments_sha256,
-                        &new.request_id,
-                    ],
+                    &call_params,
                 )
                 .await?;
             if let Some(row) = existing {
@@ -389,15 +381,7 @@ impl Store for PostgresStore {
                                 "SELECT {APPROVAL_COLUMNS} FROM approvals \
                                  WHERE status = 'PENDING' AND {call}"
                             ),
-                            &[
-                                &new.tenant_id,
-                                &new.requester_subject_id,
-                                &new.tool,
-                                &new.tool_version,
-                                &risk,
-                                &new.arguments_sha256,
-                                &new.request_id,
-                            ],
+                            &call_params,
                         )
                         .await?;
                     match existing {
