@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use toolgate::access::TenantScope;
 use toolgate::clock::SystemClock;
 use toolgate::config::{Config, Overrides};
-use toolgate::decision::AuthorizeInput;
+use toolgate::decision::{AuthorizeInput, Door};
 use toolgate::identity::Caller;
 use toolgate::policy::PolicyEngine;
 use toolgate::server;
@@ -491,6 +491,7 @@ fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
         peer: String::new(),
         // The operator's own question, on the command line: any tenant.
         tenants: TenantScope::Any,
+        door: Door::Executor,
     };
     let outcome = runtime.block_on(services.authorizer.authorize(&input))?;
     let json = serde_json::json!({

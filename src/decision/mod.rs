@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::decode::Limits;
 
-pub use outcome::{AuthorizeInput, AuthorizeOutcome, Decision};
+pub use outcome::{AuthorizeInput, AuthorizeOutcome, Decision, Door};
 pub(crate) use pipeline::AuthorizerParts;
 pub use pipeline::ToolCallAuthorizer;
 pub use schedule::{ScheduleItem, schedule};

@@ -30,6 +30,32 @@ pub struct AuthorizeInput {
     /// The tenants the caller's grants let it act for. The default is none:
     /// an input whose scope was never set is refused.
     pub tenants: TenantScope,
+    /// Which door the call came through: it selects the approval rule
+    /// (DESIGN §4 for an executor, §11.3 for a gateway).
+    pub door: Door,
+}
+
+/// The door a call came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Door {
+    /// `Authorize` / `BatchAuthorize`: the executor names its approval and
+    /// its request id (DESIGN §4).
+    #[default]
+    Executor,
+    /// A gateway door (AuthZEN §11.1, Envoy ext_authz §11.2): its client
+    /// cannot name an approval, so the call finds its own (§11.3).
+    Gateway,
+}
+
+impl Door {
+    /// Lowercase name for the audit event and logs.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Executor => "executor",
+            Self::Gateway => "gateway",
+        }
+    }
 }
 
 /// The three answers.

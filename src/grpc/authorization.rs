@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 use super::{convert, pb};
 use crate::access::TenantScope;
 use crate::decision::{
-    AuthorizeInput, AuthorizeOutcome, ScheduleItem, ToolCallAuthorizer, schedule,
+    AuthorizeInput, AuthorizeOutcome, Door, ScheduleItem, ToolCallAuthorizer, schedule,
 };
 use crate::decode;
 use crate::envelope::{Envelope, ErrorCode, ExecutorError, unknown_tool};
@@ -98,6 +98,7 @@ fn call(
         deadline: convert::deadline(deadline.as_ref(), metadata, arrived),
         entities_json,
         tool_version,
+        door: Door::Executor,
     };
     Call {
         input,

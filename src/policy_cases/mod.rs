@@ -29,7 +29,7 @@ use crate::approvals::{self, ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::audit::AuditSink;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Overrides};
-use crate::decision::{AuthorizeInput, Decision};
+use crate::decision::{AuthorizeInput, Decision, Door};
 use crate::policy::{LoadErrors, PolicyDecision, PolicyEngine, PolicyReloader, SourceDiagnostic};
 use crate::store::{ApprovalDecision, Store};
 
@@ -281,6 +281,7 @@ async fn decide_call(
         peer: String::new(),
         // A case is the policy author's own: it may be of any tenant.
         tenants: TenantScope::Any,
+        door: Door::Executor,
     };
     let first = authorizer.authorize(&input).await;
     if call.approved
