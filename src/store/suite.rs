@@ -48,6 +48,10 @@ macro_rules! store_suite {
             each_expiry_is_swept_once_across_connections,
             pending_approvals_are_capped_per_subject_and_per_tenant,
             the_pending_cap_holds_across_connections,
+            a_gateway_call_finds_its_approval_without_its_request_id,
+            a_gateway_approval_serves_only_its_own_call,
+            a_gateway_call_takes_the_oldest_usable_approval,
+            one_approval_runs_one_of_racing_gateway_and_executor_calls,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {
@@ -62,6 +66,14 @@ macro_rules! store_suite {
     };
 }
 pub(crate) use store_suite;
+
+mod gateway;
+pub use gateway::{
+    a_gateway_approval_serves_only_its_own_call,
+    a_gateway_call_finds_its_approval_without_its_request_id,
+    a_gateway_call_takes_the_oldest_usable_approval,
+    one_approval_runs_one_of_racing_gateway_and_executor_calls,
+};
 
 /// Every result is valid: these tests are about persistence, not schemas.
 #[derive(Debug)]
