@@ -1,9 +1,10 @@
-//! The approval a gateway call finds (DESIGN §11.3), as every backend must
-//! find it: bound to the call minus its request id, consumed once.
+//! The store suite's checks of the approval a gateway call finds (DESIGN
+//! §11.3), as every backend must find it: bound to the call minus its
+//! request id, consumed once. Run by `suite::store_suite!` with the rest.
 
 use std::collections::HashSet;
 
-use super::{Backend, at_once, decision, new_approval};
+use super::suite::{Backend, at_once, decision, new_approval};
 use crate::approvals::{ApprovalStatus, NewApproval, PendingLimits, PendingScope};
 use crate::clock::UnixMillis;
 use crate::store::{
@@ -59,6 +60,16 @@ async fn decide(store: &dyn Store, id: &str, approve: bool, at: UnixMillis, unti
     };
     let outcome = store.decide_approval("t1", id, d).await.unwrap();
     assert!(matches!(outcome, DecideOutcome::Decided(_)), "{outcome:?}");
+}
+
+/// An executor's approval `id` of the same call, its request id `id`.
+async fn executor_asks(store: &dyn Store, id: &str, now: UnixMillis) {
+    let new = NewApproval {
+        request_id: id.into(),
+        ..new_approval(id, now)
+    };
+    let (record, created) = store.pending_approval_for_call(new, now).await.unwrap();
+    assert_eq!((record.approval_id.as_str(), created), (id, true));
 }
 
 /// The whole life through a gateway: requested once, pending for every
@@ -188,22 +199,14 @@ pub async fn a_gateway_call_takes_the_oldest_usable_approval(backend: &dyn Backe
     // Two executor calls of the same call, approved: `x9` is the older
     // (created first), though its id sorts last.
     for (id, at) in [("x9", 0), ("x1", 1)] {
-        let new = NewApproval {
-            request_id: id.into(),
-            ..new_approval(id, at)
-        };
-        store.pending_approval_for_call(new, at).await.unwrap();
+        executor_asks(store, id, at).await;
     }
     decide(store, "x1", true, 2, 300).await;
     decide(store, "x9", true, 3, 200).await;
     assert_eq!(ask(store, 1, 10).await, ("consumed", "x9".into()));
     assert_eq!(ask(store, 2, 10).await, ("consumed", "x1".into()));
     // An approved one past its expiry is not used; nor a pending one.
-    let new = NewApproval {
-        request_id: "e3".into(),
-        ..new_approval("e3", 20)
-    };
-    store.pending_approval_for_call(new, 20).await.unwrap();
+    executor_asks(store, "e3", 20).await;
     decide(store, "e3", true, 21, 100).await;
     assert_eq!(ask(store, 4, 100).await, ("requested", "g4".into()));
     assert_eq!(
@@ -233,11 +236,7 @@ pub async fn a_gateway_call_takes_the_oldest_usable_approval(backend: &dyn Backe
     // An approved one (an executor's, created after the rejection) is
     // used even while the rejection holds; then the rejection is no
     // longer the latest, so the next operation gets a new approval.
-    let new = NewApproval {
-        request_id: "e7".into(),
-        ..new_approval("e7", 1200)
-    };
-    store.pending_approval_for_call(new, 1200).await.unwrap();
+    executor_asks(store, "e7", 1200).await;
     decide(store, "e7", true, 1201, 1900).await;
     assert_eq!(ask(store, 7, 1202).await, ("consumed", "e7".into()));
     assert_eq!(ask(store, 8, 1203).await, ("requested", "g8".into()));
