@@ -800,3 +800,26 @@ fn parse_entities(text: &str, limits: &decode::Limits) -> Result<Option<Value>, 
     }
     Ok(Some(v))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_APPROVER_REASON, approver_reason};
+
+    #[test]
+    fn an_approvers_reason_is_one_bounded_line_or_nothing() {
+        assert_eq!(approver_reason(""), None);
+        assert_eq!(approver_reason(" \n\t\r "), None);
+        assert_eq!(
+            approver_reason("  no:\r\nopen a ticket\u{1b}[31m  ").as_deref(),
+            Some("no:  open a ticket [31m")
+        );
+        let exact = "é".repeat(MAX_APPROVER_REASON);
+        assert_eq!(approver_reason(&exact).as_deref(), Some(exact.as_str()));
+        let long = format!("{exact}z");
+        assert_eq!(
+            approver_reason(&long),
+            Some(format!("{exact}…")),
+            "cut at {MAX_APPROVER_REASON} characters, not bytes"
+        );
+    }
+}
