@@ -83,6 +83,12 @@ CREATE UNIQUE INDEX approvals_one_pending_per_call ON approvals
     (tenant_id, requester_subject_id, tool, tool_version, risk, arguments_sha256, request_id)
     WHERE status = 'PENDING';
 ",
+    // A gateway call finds its approvals by the call minus its request id
+    // (DESIGN §11.3), oldest or latest first.
+    r"
+CREATE INDEX approvals_by_call ON approvals
+    (tenant_id, requester_subject_id, tool, arguments_sha256, created_at);
+",
 ];
 
 /// The whole call an approval is bound to (DESIGN §4), parameters ?1–?7.
@@ -761,7 +767,7 @@ mod tests {
             .unwrap()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 3);
+        assert_eq!(version, 4);
         assert_eq!(
             store
                 .get_approval("t1", "a1")
@@ -795,7 +801,7 @@ mod tests {
             SqliteStore::open(&path),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 3
+                known: 4
             })
         ));
     }

@@ -8,8 +8,7 @@
 //! `UPDATE`, so an executor consuming the same approval by its id (which
 //! takes no such lock) cannot consume it too: the loser runs again.
 
-use deadpool_postgres::Object;
-use tokio_postgres::Transaction;
+use deadpool_postgres::{Object, Transaction};
 use tokio_postgres::types::ToSql;
 
 use super::super::{APPROVAL_COLUMNS, GatewayApproval};
@@ -65,6 +64,7 @@ pub(super) async fn approval_for_gateway_call(
              SELECT {APPROVAL_COLUMNS}, {} FROM used",
             PostgresStore::announce(ApprovalEventKind::Consumed, "$5")
         );
+        let consume = tx.prepare_cached(&consume).await?;
         let used = tx
             .query_opt(
                 &consume,
@@ -133,7 +133,7 @@ impl Find<'_> {
         ];
         let stmt = self
             .tx
-            .prepare(&format!(
+            .prepare_cached(&format!(
                 "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE {SAME_CALL_ANY_REQUEST} AND {filter} \
                  ORDER BY {order} LIMIT 1"
             ))
