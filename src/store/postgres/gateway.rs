@@ -100,7 +100,12 @@ pub(super) async fn approval_for_gateway_call(
             {
                 GatewayApproval::Rejected(latest)
             }
-            _ => GatewayApproval::Requested(pending_after_lock(&tx, new, now, origin).await?.0),
+            // Created unless it exists (it cannot: no PENDING one was found
+            // under the lock every creator takes).
+            _ => match pending_after_lock(&tx, new, now, origin).await? {
+                (record, true) => GatewayApproval::Requested(record),
+                (record, false) => GatewayApproval::Pending(record),
+            },
         }
     };
     tx.commit().await?;

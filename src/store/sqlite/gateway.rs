@@ -40,7 +40,7 @@ pub(super) fn approval_for_gateway_call(
             &now,
             &idempotency_key,
         ];
-        let mut stmt = tx.prepare(&sql)?;
+        let mut stmt = tx.prepare_cached(&sql)?;
         // SQLite refuses parameters a statement does not use.
         let used = all.get(..stmt.parameter_count()).unwrap_or(&all);
         let found = stmt.query_row(used, approval_from_row);
@@ -81,7 +81,11 @@ pub(super) fn approval_for_gateway_call(
             {
                 GatewayApproval::Rejected(latest)
             }
-            _ => GatewayApproval::Requested(pending_in(&tx, new, now)?.0),
+            // Created unless it exists (it cannot: no PENDING one was found).
+            _ => match pending_in(&tx, new, now)? {
+                (record, true) => GatewayApproval::Requested(record),
+                (record, false) => GatewayApproval::Pending(record),
+            },
         }
     };
     tx.commit()?;
