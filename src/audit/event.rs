@@ -32,7 +32,9 @@ pub struct DecisionAudit<'a> {
     /// The envelope's code, empty for an allow.
     pub code: &'a str,
     pub policies: &'a [String],
-    /// The approval the call created, if any.
+    /// The approval the answer names (created or pending for
+    /// APPROVAL_REQUIRED; for a gateway call also the one it used, waits
+    /// on or was refused by), if any.
     pub approval_created: Option<&'a str>,
     /// The approval id the executor presented (empty for none).
     pub approval_presented: &'a str,
@@ -88,7 +90,7 @@ impl AuditEvent {
     #[must_use]
     pub fn decision(d: &DecisionAudit<'_>, latency: Duration) -> Self {
         let (tenant, subject, agent, session) = principal(d.principal);
-        // The approval this call created, else the one it presented.
+        // The approval the answer names, else the one it presented.
         let approval_id = d
             .approval_created
             .map_or_else(|| echo(d.approval_presented), |a| Value::from(a.to_owned()));

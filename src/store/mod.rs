@@ -18,6 +18,8 @@ pub mod scratch;
 mod sqlite;
 
 #[cfg(test)]
+mod gateway_suite;
+#[cfg(test)]
 mod suite;
 
 pub use open::open;
@@ -124,6 +126,22 @@ pub enum ApprovalUse {
     ConsumedByOther,
     /// No longer approved and unexpired.
     NotUsable,
+}
+
+/// What a gateway call that names no approval finds (DESIGN §11.3): the
+/// approvals bound to its call minus the request id, in this order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayApproval {
+    /// An APPROVED, unexpired approval, now bound to the call's idempotency
+    /// key (`first`: the oldest unconsumed one), or already bound to it (a
+    /// retry of the same operation). The record shows the binding.
+    Consumed { record: ApprovalRecord, first: bool },
+    /// A PENDING, unexpired one (the oldest): the call waits for it.
+    Pending(ApprovalRecord),
+    /// The latest one was REJECTED and has not expired.
+    Rejected(ApprovalRecord),
+    /// None of those: a new PENDING approval, created from the request.
+    Requested(ApprovalRecord),
 }
 
 /// A human's decision, to record on a PENDING approval.
@@ -284,6 +302,27 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         idempotency_key: &str,
         now: UnixMillis,
     ) -> Result<ApprovalUse, StoreError>;
+
+    /// The approval a gateway call that names none uses (DESIGN §11.3), in
+    /// one transaction: among the approvals bound to `new`'s tenant,
+    /// requester, tool, tool version, risk and arguments hash (not its
+    /// request id), the APPROVED, unexpired one `idempotency_key` already
+    /// consumed; else the oldest APPROVED, unexpired, unconsumed one,
+    /// consumed by `idempotency_key` (of concurrent calls exactly one
+    /// consumes it, across processes); else the oldest PENDING, unexpired
+    /// one; else the latest one if it is REJECTED and unexpired; else a new
+    /// PENDING approval from `new`, under `new.limits` as in
+    /// [`Store::pending_approval_for_call`].
+    ///
+    /// # Errors
+    /// [`StoreError::PendingLimit`] when a new approval would exceed a cap;
+    /// [`StoreError`] when the database fails.
+    async fn approval_for_gateway_call(
+        &self,
+        new: NewApproval,
+        idempotency_key: &str,
+        now: UnixMillis,
+    ) -> Result<GatewayApproval, StoreError>;
 
     /// A page of one tenant's approvals in id (creation) order, after the
     /// approval id `after`, optionally of one status.

@@ -64,6 +64,13 @@ CREATE UNIQUE INDEX approvals_one_pending_per_call ON approvals
     (tenant_id, requester_subject_id, tool, tool_version, risk, arguments_sha256, request_id)
     WHERE status = 'PENDING';
 "#,
+    // A gateway call finds its approvals by the call minus its request id
+    // (DESIGN §11.3), oldest or latest first, without reading the tenant's
+    // whole history under the tenant's creator lock.
+    r#"
+CREATE INDEX approvals_by_call ON approvals
+    (tenant_id, requester_subject_id, tool, arguments_sha256, created_at);
+"#,
 ];
 
 pub(super) async fn migrate(mut client: Object) -> Result<(), Failure> {
