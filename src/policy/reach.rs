@@ -86,6 +86,12 @@ impl RequestBases {
         Ok(Self { by_action, all })
     }
 
+    /// Whether `uid` is a static entity (the deployment's file, or one
+    /// toolgate generates).
+    pub(super) fn contains(&self, uid: &EntityUid) -> bool {
+        self.all.get(uid).is_some()
+    }
+
     /// The base of a request on `action`.
     pub(super) fn for_action(&self, action: &EntityUid) -> &Entities {
         self.by_action.get(action).unwrap_or(&self.all)

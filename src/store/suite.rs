@@ -48,6 +48,10 @@ macro_rules! store_suite {
             each_expiry_is_swept_once_across_connections,
             pending_approvals_are_capped_per_subject_and_per_tenant,
             the_pending_cap_holds_across_connections,
+            entities_are_replaced_read_and_deleted_by_uid,
+            entities_of_one_tenant_are_invisible_to_another,
+            the_ancestor_walk_is_transitive_and_bounded,
+            concurrent_upserts_leave_one_whole_entity,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {
@@ -62,6 +66,12 @@ macro_rules! store_suite {
     };
 }
 pub(crate) use store_suite;
+
+mod entities;
+pub use entities::{
+    concurrent_upserts_leave_one_whole_entity, entities_are_replaced_read_and_deleted_by_uid,
+    entities_of_one_tenant_are_invisible_to_another, the_ancestor_walk_is_transitive_and_bounded,
+};
 
 /// Every result is valid: these tests are about persistence, not schemas.
 #[derive(Debug)]

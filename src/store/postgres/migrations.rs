@@ -64,6 +64,8 @@ CREATE UNIQUE INDEX approvals_one_pending_per_call ON approvals
     (tenant_id, requester_subject_id, tool, tool_version, risk, arguments_sha256, request_id)
     WHERE status = 'PENDING';
 "#,
+    // The entity store (DESIGN §11.6).
+    super::entities::MIGRATION,
 ];
 
 pub(super) async fn migrate(mut client: Object) -> Result<(), Failure> {
