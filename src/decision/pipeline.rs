@@ -345,10 +345,11 @@ impl ToolCallAuthorizer {
         };
         let decision = match engine.decide_tool_call(&call) {
             Ok(d) => d,
-            Err(DecideError::Entities(e)) if from_store => {
+            Err(DecideError::Entities(_)) if from_store => {
                 // Stored under an earlier schema, say: not the caller's
-                // mistake, and never decided on (fail closed).
-                tracing::warn!(error = %e, tool = %tool.name, "stored entities do not fit the schema: denied");
+                // mistake, and never decided on (fail closed). Cedar's
+                // message quotes values, the deployment's data: not logged.
+                tracing::warn!(tool = %tool.name, "stored entities do not fit the schema: denied");
                 return Ok(out.deny(
                     Envelope::new(
                         ErrorCode::PolicyError,

@@ -69,7 +69,10 @@ impl PolicyEngine {
         }
         Entity::from_json_value(c.value.clone(), Some(&self.schema))
             .map(drop)
-            .map_err(|e| refuse(refusal_code(&e), format!("`{key}`: {}", message(&e))))
+            .map_err(|e| {
+                let code = refusal_code(&e);
+                refuse(code, format!("`{key}`: {}", message(code, &e)))
+            })
     }
 }
 
@@ -93,21 +96,40 @@ fn refusal_code(e: &EntitiesError) -> RefusalCode {
     }
 }
 
-/// Cedar's message with its causes; Cedar quotes types and attribute names,
-/// and a type mismatch names the expected type, not the value sent.
-fn message(e: &EntitiesError) -> String {
-    let mut out = e.to_string();
+/// What is wrong, in words of our own: Cedar's messages quote the value
+/// it refused, and an entity's values are the deployment's data (the
+/// message reaches the caller and may reach logs). Only the attribute's
+/// name is taken from Cedar's text, where it quotes one.
+fn message(code: RefusalCode, e: &EntitiesError) -> String {
+    let what = match code {
+        RefusalCode::AttributeTypeMismatch => "a value is not of its declared type",
+        RefusalCode::MissingAttribute => "a required attribute is missing",
+        RefusalCode::UnexpectedAttribute => "an attribute the schema does not declare",
+        RefusalCode::InvalidParentType => "a parent of a type the schema does not allow",
+        RefusalCode::UnknownEntityType => "a type the schema does not declare",
+        _ => "it does not conform to the schema",
+    };
+    // The top error says only "does not conform"; its causes say where.
+    let mut chain = e.to_string();
     let mut source = std::error::Error::source(e);
-    let mut depth = 0;
-    while let Some(s) = source
-        && depth < 8
-    {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-        depth += 1;
+    for _ in 0..8 {
+        let Some(cause) = source else { break };
+        chain.push('\n');
+        chain.push_str(&cause.to_string());
+        source = cause.source();
     }
-    out
+    match attribute_name(&chain) {
+        Some(name) => format!("{what} (attribute `{name}`)"),
+        None => what.to_owned(),
+    }
+}
+
+/// The name in Cedar's "attribute `NAME`", if its message has one: a
+/// name of the schema or a key the caller sent, never a value.
+fn attribute_name(text: &str) -> Option<&str> {
+    let (_, rest) = text.split_once("attribute `")?;
+    let (name, _) = rest.split_once('`')?;
+    (name.len() <= 128).then_some(name)
 }
 
 #[cfg(test)]
@@ -194,6 +216,53 @@ mod tests {
         assert_eq!(
             code(&json!([parent])),
             Err((RefusalCode::InvalidParentType, Some(0)))
+        );
+    }
+
+    /// A refusal names the attribute, never the value Cedar quotes.
+    #[test]
+    fn messages_name_attributes_not_values() {
+        let engine = engine();
+        let mut wrong = good_attrs();
+        wrong["total_cents"] = json!("s3cr3t");
+        let c = candidates(
+            &json!([order(wrong)]).to_string(),
+            &crate::decode::Limits::default(),
+            &EntityLimits::default(),
+        )
+        .unwrap();
+        let refusal = engine.check_entities(&c).unwrap_err();
+        assert_eq!(
+            refusal.message,
+            "`Order::\"ord_1\"`: a value is not of its declared type (attribute `total_cents`)"
+        );
+    }
+
+    /// A uid of `policies/entities.json` is the same for every tenant.
+    #[test]
+    fn a_static_entity_is_not_stored() {
+        let (_tmp, dir) = crate::policy::test_support::examples();
+        let static_order = order(good_attrs());
+        std::fs::write(
+            dir.join("entities.json"),
+            json!([
+                {"uid": {"type": "Tenant", "id": "acme"}, "attrs": {}, "parents": []},
+                static_order
+            ])
+            .to_string(),
+        )
+        .unwrap();
+        let engine = PolicyEngine::load(&dir).unwrap();
+        let c = candidates(
+            &json!([order(good_attrs())]).to_string(),
+            &crate::decode::Limits::default(),
+            &EntityLimits::default(),
+        )
+        .unwrap();
+        let refusal = engine.check_entities(&c).unwrap_err();
+        assert_eq!(
+            (refusal.code, refusal.index),
+            (RefusalCode::StaticEntity, Some(0))
         );
     }
 }

@@ -18,6 +18,8 @@ pub mod scratch;
 mod sqlite;
 
 #[cfg(test)]
+mod entity_suite;
+#[cfg(test)]
 mod suite;
 
 pub use open::open;

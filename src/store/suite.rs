@@ -67,8 +67,7 @@ macro_rules! store_suite {
 }
 pub(crate) use store_suite;
 
-mod entities;
-pub use entities::{
+pub use super::entity_suite::{
     concurrent_upserts_leave_one_whole_entity, entities_are_replaced_read_and_deleted_by_uid,
     entities_of_one_tenant_are_invisible_to_another, the_ancestor_walk_is_transitive_and_bounded,
 };
@@ -249,7 +248,7 @@ pub async fn exactly_one_acquires_across_connections(backend: &dyn Backend) {
 
 /// `n` calls at once (released together by a barrier), spread over the
 /// stores in turn; their results in call order, each bounded by 30 s.
-async fn at_once<T, F, Fut>(stores: &[Arc<dyn Store>; 2], n: usize, call: F) -> Vec<T>
+pub(super) async fn at_once<T, F, Fut>(stores: &[Arc<dyn Store>; 2], n: usize, call: F) -> Vec<T>
 where
     F: Fn(Arc<dyn Store>, usize) -> Fut,
     Fut: std::future::Future<Output = T> + Send + 'static,

@@ -17,6 +17,7 @@ mod audit;
 mod authorize;
 mod cli;
 mod decoding_path;
+mod entities;
 mod ledger;
 mod ledger_crash;
 mod listeners;

@@ -1,5 +1,5 @@
-//! The entity store in PostgreSQL (DESIGN §11.6): the tables of migration
-//! 3, each call one transaction (or one statement) on one tenant's rows,
+//! The entity store in PostgreSQL (DESIGN §11.6): on the tables of
+//! migration 3 (`migrations.rs`), each call one transaction (or one statement) on one tenant's rows,
 //! whatever the number of entities: uids travel as arrays (`UNNEST`).
 
 use deadpool_postgres::Object;
@@ -7,29 +7,6 @@ use deadpool_postgres::Object;
 use super::Failure;
 use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
-
-/// Entities and the parent edges the ancestor walk follows; a parent edge
-/// goes with its entity. Keys compare bytewise ("C"), as in SQLite.
-pub(super) const MIGRATION: &str = r#"
-CREATE TABLE entities (
-    tenant_id TEXT COLLATE "C" NOT NULL,
-    entity_type TEXT COLLATE "C" NOT NULL,
-    entity_id TEXT COLLATE "C" NOT NULL,
-    entity_json TEXT NOT NULL,
-    updated_at BIGINT NOT NULL,
-    PRIMARY KEY (tenant_id, entity_type, entity_id)
-);
-CREATE TABLE entity_parents (
-    tenant_id TEXT COLLATE "C" NOT NULL,
-    entity_type TEXT COLLATE "C" NOT NULL,
-    entity_id TEXT COLLATE "C" NOT NULL,
-    parent_type TEXT COLLATE "C" NOT NULL,
-    parent_id TEXT COLLATE "C" NOT NULL,
-    PRIMARY KEY (tenant_id, entity_type, entity_id, parent_type, parent_id),
-    FOREIGN KEY (tenant_id, entity_type, entity_id)
-        REFERENCES entities (tenant_id, entity_type, entity_id) ON DELETE CASCADE
-);
-"#;
 
 /// The resource `$2`/`$3` and its ancestors in tenant `$1`, each uid once
 /// (`UNION`), at most `$4` uids: PostgreSQL evaluates a recursive query

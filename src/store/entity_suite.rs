@@ -1,10 +1,11 @@
 //! The entity store's semantics (DESIGN §11.6) every backend must keep:
 //! replace by uid, tenants apart, a bounded ancestor walk, whole upserts
-//! under concurrency. Run through `store_suite!` like every other check.
+//! under concurrency. Run through `store_suite!` like every other check
+//! of `suite.rs`, which re-exports these.
 
 use std::sync::Arc;
 
-use super::{Backend, at_once};
+use super::suite::{Backend, at_once};
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::store::Store;
 
