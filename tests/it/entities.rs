@@ -545,3 +545,87 @@ async fn entities_survive_a_restart_of_the_sidecar() {
     assert_eq!(r.decision(), Decision::Allow, "{:?}", r.error);
     sidecar.kill();
 }
+
+/// A resource whose walk would visit more uids than the bound (the order
+/// and its tenant: two, over a bound of one) is denied, never decided on
+/// part of its hierarchy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_walk_over_its_bound_is_a_policy_error() {
+    let mut config = toolgate::decision::AuthorizerConfig::default();
+    config.entity_store.max_walk = 1;
+    let server = TestServer::start_with(&crate::support::example_policies(), config).await;
+    let mut entities = entities_client(&server).await;
+    let mut client = server.client().await;
+    upsert(
+        &mut entities,
+        "acme",
+        &json!([order("acme", "alice", 5000)]),
+    )
+    .await
+    .unwrap();
+    let r = alice_reads(&mut client, "acme", "").await;
+    assert_eq!((r.decision(), code(&r)), (Decision::Deny, "policy_error"));
+    assert_eq!(details(&r)["reason"], json!("entity_walk_exceeded"));
+    // Without a parent the walk is the order alone: within the bound.
+    let mut alone = order("acme", "alice", 5000);
+    alone["parents"] = json!([]);
+    upsert(&mut entities, "acme", &json!([alone]))
+        .await
+        .unwrap();
+    let r = alice_reads(&mut client, "acme", "").await;
+    assert_eq!(r.decision(), Decision::Allow, "{:?}", r.error);
+    server.stop().await;
+}
+
+/// An entity stored under one schema that a reloaded schema no longer
+/// admits (a new required attribute) denies its calls with `policy_error`
+/// (`stored_entities_invalid`): not the caller's mistake, never an allow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_entities_the_schema_no_longer_admits_are_denied() {
+    let (_tmp, dir) = crate::support::copy_of_examples();
+    let server = TestServer::start_reloading(&dir).await;
+    let mut entities = entities_client(&server).await;
+    let mut client = server.client().await;
+    upsert(
+        &mut entities,
+        "acme",
+        &json!([order("acme", "alice", 5000)]),
+    )
+    .await
+    .unwrap();
+    let before = alice_reads(&mut client, "acme", "").await;
+    assert_eq!(before.decision(), Decision::Allow, "{:?}", before.error);
+    let schema = dir.join("schema.cedarschema");
+    let text = std::fs::read_to_string(&schema).unwrap();
+    let edited = text.replacen(
+        "  total_cents: Long,\n",
+        "  total_cents: Long,\n  priority: Long,\n",
+        1,
+    );
+    assert_ne!(edited, text);
+    std::fs::write(&schema, edited).unwrap();
+    let started = std::time::Instant::now();
+    let r = loop {
+        let r = alice_reads(&mut client, "acme", "").await;
+        if r.policy_version != before.policy_version {
+            break r;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "no reload"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!((r.decision(), code(&r)), (Decision::Deny, "policy_error"));
+    assert_eq!(details(&r)["reason"], json!("stored_entities_invalid"));
+    // The same entity written again is refused under the new schema.
+    let status = upsert(
+        &mut entities,
+        "acme",
+        &json!([order("acme", "alice", 5000)]),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(info(&status).0, "missing_attribute");
+    server.stop().await;
+}
