@@ -55,6 +55,16 @@ async fn upsert(
         .map(|r| r.into_inner().upserted_count)
 }
 
+/// Writes one entity for `tenant`, which must be accepted.
+async fn put(client: &mut EntityServiceClient<Channel>, tenant: &str, entity: Value) {
+    assert_eq!(upsert(client, tenant, &json!([entity])).await.unwrap(), 1);
+}
+
+/// The decision and its envelope code (`""` for an allow).
+fn verdict(r: &pb::AuthorizeResponse) -> (Decision, &str) {
+    (r.decision(), code(r))
+}
+
 async fn get(client: &mut EntityServiceClient<Channel>, tenant: &str) -> Value {
     let text = client
         .get_entities(pb::GetEntitiesRequest {
@@ -104,38 +114,17 @@ async fn a_stored_resource_decides_authorize_without_entities(backend: Backend) 
 
     // Nothing stored: as before, the resource is not found.
     let r = alice_reads(&mut client, "acme", "").await;
-    assert_eq!(
-        (r.decision(), code(&r)),
-        (Decision::Deny, "resource_not_found")
-    );
+    assert_eq!(verdict(&r), (Decision::Deny, "resource_not_found"));
     assert_eq!(details(&r)["resource"], json!("Order::\"ord_1001\""));
 
-    assert_eq!(
-        upsert(
-            &mut entities,
-            "acme",
-            &json!([order("acme", "alice", 5000)])
-        )
-        .await
-        .unwrap(),
-        1
-    );
+    put(&mut entities, "acme", order("acme", "alice", 5000)).await;
     let r = alice_reads(&mut client, "acme", "").await;
-    assert_eq!(r.decision(), Decision::Allow, "{:?}", r.error);
+    assert_eq!(verdict(&r), (Decision::Allow, ""), "{:?}", r.error);
 
     // The same uid again replaces it: carol's order now, alice is denied.
-    assert_eq!(
-        upsert(
-            &mut entities,
-            "acme",
-            &json!([order("acme", "carol", 5000)])
-        )
-        .await
-        .unwrap(),
-        1
-    );
+    put(&mut entities, "acme", order("acme", "carol", 5000)).await;
     let r = alice_reads(&mut client, "acme", "").await;
-    assert_eq!((r.decision(), code(&r)), (Decision::Deny, "forbidden"));
+    assert_eq!(verdict(&r), (Decision::Deny, "forbidden"));
 
     // The stored total bounds a refund by the support agent.
     let mut refund = request(
@@ -144,27 +133,18 @@ async fn a_stored_resource_decides_authorize_without_entities(backend: Backend) 
     );
     refund.entities_json = String::new();
     let r = client.authorize(refund.clone()).await.unwrap().into_inner();
-    assert_eq!((r.decision(), code(&r)), (Decision::Deny, "forbidden"));
+    assert_eq!(verdict(&r), (Decision::Deny, "forbidden"));
     assert_eq!(
         r.error.as_ref().unwrap().message,
         "a refund cannot exceed the order total"
     );
-    upsert(
-        &mut entities,
-        "acme",
-        &json!([order("acme", "carol", 9000)]),
-    )
-    .await
-    .unwrap();
+    put(&mut entities, "acme", order("acme", "carol", 9000)).await;
     let r = client.authorize(refund).await.unwrap().into_inner();
-    assert_eq!(r.decision(), Decision::Allow, "{:?}", r.error);
+    assert_eq!(verdict(&r), (Decision::Allow, ""), "{:?}", r.error);
 
     // `"[]"` is given: the store is not read, so the resource is missing.
     let r = alice_reads(&mut client, "acme", "[]").await;
-    assert_eq!(
-        (r.decision(), code(&r)),
-        (Decision::Deny, "resource_not_found")
-    );
+    assert_eq!(verdict(&r), (Decision::Deny, "resource_not_found"));
 
     // Deleted: not found again; a second delete finds nothing.
     for expected in [1, 0] {
@@ -180,10 +160,7 @@ async fn a_stored_resource_decides_authorize_without_entities(backend: Backend) 
         assert_eq!(deleted, expected);
     }
     let r = alice_reads(&mut client, "acme", "").await;
-    assert_eq!(
-        (r.decision(), code(&r)),
-        (Decision::Deny, "resource_not_found")
-    );
+    assert_eq!(verdict(&r), (Decision::Deny, "resource_not_found"));
     assert_eq!(get(&mut entities, "acme").await, json!([]));
     server.stop().await;
 }
@@ -194,33 +171,18 @@ async fn tenants_never_see_each_others_entities(backend: Backend) {
     let server = TestServer::start_on(backend).await;
     let mut entities = entities_client(&server).await;
     let mut client = server.client().await;
-    upsert(
-        &mut entities,
-        "globex",
-        &json!([order("globex", "alice", 5000)]),
-    )
-    .await
-    .unwrap();
+    put(&mut entities, "globex", order("globex", "alice", 5000)).await;
     let r = alice_reads(&mut client, "acme", "").await;
-    assert_eq!(
-        (r.decision(), code(&r)),
-        (Decision::Deny, "resource_not_found")
-    );
+    assert_eq!(verdict(&r), (Decision::Deny, "resource_not_found"));
     assert_eq!(get(&mut entities, "acme").await, json!([]));
     let r = alice_reads(&mut client, "globex", "").await;
-    assert_eq!(r.decision(), Decision::Allow, "{:?}", r.error);
+    assert_eq!(verdict(&r), (Decision::Allow, ""), "{:?}", r.error);
 
-    upsert(
-        &mut entities,
-        "acme",
-        &json!([order("acme", "carol", 5000)]),
-    )
-    .await
-    .unwrap();
+    put(&mut entities, "acme", order("acme", "carol", 5000)).await;
     let r = alice_reads(&mut client, "acme", "").await;
-    assert_eq!((r.decision(), code(&r)), (Decision::Deny, "forbidden"));
+    assert_eq!(verdict(&r), (Decision::Deny, "forbidden"));
     let r = alice_reads(&mut client, "globex", "").await;
-    assert_eq!(r.decision(), Decision::Allow, "{:?}", r.error);
+    assert_eq!(verdict(&r), (Decision::Allow, ""), "{:?}", r.error);
     // Each reads back its own, in canonical form.
     let acme = get(&mut entities, "acme").await;
     assert_eq!(acme, json!([order("acme", "carol", 5000)]));
@@ -288,16 +250,7 @@ async fn a_caller_granted_another_tenant_cannot_touch_this_ones_entities() {
     let r = alice_reads(&mut client, "acme", "").await;
     assert_eq!(code(&r), "resource_not_found");
     // globex is this caller's.
-    assert_eq!(
-        upsert(
-            &mut entities,
-            "globex",
-            &json!([order("globex", "alice", 5000)])
-        )
-        .await
-        .unwrap(),
-        1
-    );
+    put(&mut entities, "globex", order("globex", "alice", 5000)).await;
     assert_eq!(
         get(&mut entities, "globex").await,
         json!([order("globex", "alice", 5000)])
@@ -444,13 +397,7 @@ async fn writes_are_audited_without_entity_data_and_counted() {
     .await;
     let metrics = server.metrics_endpoint();
     let mut entities = entities_client(&server).await;
-    upsert(
-        &mut entities,
-        "acme",
-        &json!([order("acme", "s3cr3t-owner", 5000)]),
-    )
-    .await
-    .unwrap();
+    put(&mut entities, "acme", order("acme", "s3cr3t-owner", 5000)).await;
     let status = upsert(
         &mut entities,
         "acme",
@@ -516,13 +463,7 @@ async fn entities_survive_a_restart_of_the_sidecar() {
     let dir = tempfile::tempdir().unwrap();
     let sidecar = Sidecar::start(dir.path(), &[]);
     let mut entities = EntityServiceClient::new(sidecar.channel().await);
-    upsert(
-        &mut entities,
-        "acme",
-        &json!([order("acme", "alice", 5000)]),
-    )
-    .await
-    .unwrap();
+    put(&mut entities, "acme", order("acme", "alice", 5000)).await;
     sidecar.kill();
 
     let sidecar = Sidecar::start(dir.path(), &[]);
@@ -542,7 +483,7 @@ async fn entities_survive_a_restart_of_the_sidecar() {
         json!([order("acme", "alice", 5000)])
     );
     let r = alice_reads(&mut client, "acme", "").await;
-    assert_eq!(r.decision(), Decision::Allow, "{:?}", r.error);
+    assert_eq!(verdict(&r), (Decision::Allow, ""), "{:?}", r.error);
     sidecar.kill();
 }
 
@@ -556,24 +497,16 @@ async fn a_walk_over_its_bound_is_a_policy_error() {
     let server = TestServer::start_with(&crate::support::example_policies(), config).await;
     let mut entities = entities_client(&server).await;
     let mut client = server.client().await;
-    upsert(
-        &mut entities,
-        "acme",
-        &json!([order("acme", "alice", 5000)]),
-    )
-    .await
-    .unwrap();
+    put(&mut entities, "acme", order("acme", "alice", 5000)).await;
     let r = alice_reads(&mut client, "acme", "").await;
-    assert_eq!((r.decision(), code(&r)), (Decision::Deny, "policy_error"));
+    assert_eq!(verdict(&r), (Decision::Deny, "policy_error"));
     assert_eq!(details(&r)["reason"], json!("entity_walk_exceeded"));
     // Without a parent the walk is the order alone: within the bound.
     let mut alone = order("acme", "alice", 5000);
     alone["parents"] = json!([]);
-    upsert(&mut entities, "acme", &json!([alone]))
-        .await
-        .unwrap();
+    put(&mut entities, "acme", alone).await;
     let r = alice_reads(&mut client, "acme", "").await;
-    assert_eq!(r.decision(), Decision::Allow, "{:?}", r.error);
+    assert_eq!(verdict(&r), (Decision::Allow, ""), "{:?}", r.error);
     server.stop().await;
 }
 
@@ -586,13 +519,7 @@ async fn stored_entities_the_schema_no_longer_admits_are_denied() {
     let server = TestServer::start_reloading(&dir).await;
     let mut entities = entities_client(&server).await;
     let mut client = server.client().await;
-    upsert(
-        &mut entities,
-        "acme",
-        &json!([order("acme", "alice", 5000)]),
-    )
-    .await
-    .unwrap();
+    put(&mut entities, "acme", order("acme", "alice", 5000)).await;
     let before = alice_reads(&mut client, "acme", "").await;
     assert_eq!(before.decision(), Decision::Allow, "{:?}", before.error);
     let schema = dir.join("schema.cedarschema");
@@ -616,7 +543,7 @@ async fn stored_entities_the_schema_no_longer_admits_are_denied() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
-    assert_eq!((r.decision(), code(&r)), (Decision::Deny, "policy_error"));
+    assert_eq!(verdict(&r), (Decision::Deny, "policy_error"));
     assert_eq!(details(&r)["reason"], json!("stored_entities_invalid"));
     // The same entity written again is refused under the new schema.
     let status = upsert(
