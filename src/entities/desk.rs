@@ -127,8 +127,8 @@ impl EntityDesk {
         self.admit("upsert", call)?;
         let engine = self.engine.load_full();
         let result = self.write_entities(&engine, call, entities_json).await;
-        let named = result.as_ref().map_or(0, |(named, _)| *named);
-        let result = result.map(|(_, written)| written);
+        // A refused upsert names no entity the event could count.
+        let named = *result.as_ref().unwrap_or(&0);
         self.finish("upsert", call, named, &engine, &result, started)
             .await;
         result
@@ -139,7 +139,7 @@ impl EntityDesk {
         engine: &PolicyEngine,
         call: EntityCall<'_>,
         entities_json: &str,
-    ) -> Result<(usize, usize), EntityError> {
+    ) -> Result<usize, EntityError> {
         let candidates = candidates(entities_json, &self.decoding, &self.limits)?;
         engine.check_entities(&candidates)?;
         let n = candidates.len();
@@ -157,7 +157,7 @@ impl EntityDesk {
                 .await
                 .map_err(|e| self.store_failure(e))?;
         }
-        Ok((n, n))
+        Ok(n)
     }
 
     /// Deletes these uids from the tenant's rows; returns how many were stored.
