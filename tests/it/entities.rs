@@ -378,7 +378,40 @@ async fn every_refusal_has_its_code_and_writes_nothing() {
         .await
         .unwrap_err();
     assert_eq!(info(&status).0, "entity_too_large");
+    // More parents than one entity may name.
+    let mut crowded = order("acme", "alice", 5000);
+    crowded["parents"] = Value::Array(
+        (0..65)
+            .map(|i| json!({"type": "Tenant", "id": format!("t{i}")}))
+            .collect(),
+    );
+    let status = upsert(&mut entities, "acme", &json!([crowded]))
+        .await
+        .unwrap_err();
+    assert_eq!(info(&status).0, "too_many_parents");
     assert_eq!(get(&mut entities, "acme").await, json!([]));
+    // A uid with no type, on a read and on a delete.
+    let status = entities
+        .get_entities(pb::GetEntitiesRequest {
+            tenant_id: "acme".into(),
+            uids: vec![uid("Order", "ord_1001"), uid("", "x")],
+        })
+        .await
+        .unwrap_err();
+    let (reason, metadata) = info(&status);
+    assert_eq!(
+        (reason.as_str(), metadata.get("index").map(String::as_str)),
+        ("malformed_uid", Some("1"))
+    );
+    assert_eq!(crate::support::bad_request_field(&status), "uids");
+    let status = entities
+        .delete_entities(pb::DeleteEntitiesRequest {
+            tenant_id: "acme".into(),
+            uids: vec![uid("", "x")],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(info(&status).0, "malformed_uid");
     server.stop().await;
 }
 
