@@ -34,16 +34,21 @@ pub enum ServiceName {
     Policy,
     /// gRPC server reflection: the public wire schema.
     Reflection,
+    /// `toolgate.v1.EntityService`: the entity store (DESIGN §11.6), for
+    /// the deployment's own data feed, per tenant. Writing entities changes
+    /// decisions: neither executors nor approval UIs need it.
+    Entities,
 }
 
 impl ServiceName {
     /// Every grantable service, in config-name order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Authorization,
         Self::Approvals,
         Self::Ledger,
         Self::Policy,
         Self::Reflection,
+        Self::Entities,
     ];
 
     /// The name used in `[[access]] services`.
@@ -55,6 +60,7 @@ impl ServiceName {
             Self::Ledger => "ledger",
             Self::Policy => "policy",
             Self::Reflection => "reflection",
+            Self::Entities => "entities",
         }
     }
 
@@ -90,6 +96,7 @@ pub fn target_of_path(path: &str) -> Target {
         "toolgate.v1.ApprovalService" => Target::Service(ServiceName::Approvals),
         "toolgate.v1.LedgerService" => Target::Service(ServiceName::Ledger),
         "toolgate.v1.PolicyService" => Target::Service(ServiceName::Policy),
+        "toolgate.v1.EntityService" => Target::Service(ServiceName::Entities),
         "grpc.reflection.v1.ServerReflection" | "grpc.reflection.v1alpha.ServerReflection" => {
             Target::Service(ServiceName::Reflection)
         }
@@ -301,7 +308,7 @@ pub struct Grant {
     pub caller: CallerPattern,
     pub services: BTreeSet<ServiceName>,
     /// The tenants the caller may act for through this grant's
-    /// `authorization` and `ledger` services (approvers' tenant comes from
+    /// `authorization`, `ledger` and `entities` services (approvers' tenant comes from
     /// their verified token, so other services need none).
     pub tenants: TenantScope,
 }
@@ -535,6 +542,10 @@ mod tests {
         assert_eq!(
             target_of_path("/toolgate.v1.PolicyService/GetPolicyStatus"),
             Target::Service(ServiceName::Policy)
+        );
+        assert_eq!(
+            target_of_path("/toolgate.v1.EntityService/UpsertEntities"),
+            Target::Service(ServiceName::Entities)
         );
         assert_eq!(
             target_of_path("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),

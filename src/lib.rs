@@ -16,6 +16,9 @@
 //!   events hub; [`approvals::desk`] serves approval UIs.
 //! - [`ledger`]: the execution state machine (DESIGN §5), rules only;
 //!   [`ledger::desk`] checks executors' requests and runs it on the store.
+//! - [`entities`]: the entity store's rules (DESIGN §11.6): stored Cedar
+//!   entities per tenant, their bounds and refusals; [`entities::desk`]
+//!   serves `EntityService`.
 //! - [`envelope`]: the error table: every code, the envelope of every
 //!   non-allow answer, and the executor's own mistakes.
 //! - [`store`]: persistence (SQLite, PostgreSQL) behind one trait.
@@ -38,6 +41,7 @@ pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod decode;
+pub mod entities;
 pub mod envelope;
 pub mod grpc;
 pub mod identity;

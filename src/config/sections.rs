@@ -244,23 +244,28 @@ pub(super) fn access_policy(
     Ok(AccessPolicy::Grants(grants))
 }
 
-/// The tenants of one grant. A grant of `authorization` or `ledger` names
-/// them (least privilege: an executor acts for no tenant it was not given);
+/// The tenants of one grant. A grant of `authorization`, `ledger` or
+/// `entities` names them (least privilege: an executor or a data feed acts
+/// for no tenant it was not given);
 /// `approvals` need none, since an approver's tenant is its verified token's.
 fn grant_tenants(
     caller: &str,
     services: &BTreeSet<ServiceName>,
     tenants: Option<Vec<String>>,
 ) -> Result<TenantScope, ConfigError> {
-    let executes = [ServiceName::Authorization, ServiceName::Ledger]
-        .iter()
-        .any(|s| services.contains(s));
+    let executes = [
+        ServiceName::Authorization,
+        ServiceName::Ledger,
+        ServiceName::Entities,
+    ]
+    .iter()
+    .any(|s| services.contains(s));
     let Some(tenants) = tenants else {
         if executes {
             return Err(invalid(
                 "access.tenants",
                 format!(
-                    "the grant of `{caller}` gives authorization or ledger, so it names \
+                    "the grant of `{caller}` gives authorization, ledger or entities, so it names \
                      the tenants its caller may act for (`tenants = [\"acme\"]`, or \
                      `[\"*\"]` for every tenant)"
                 ),

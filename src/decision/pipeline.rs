@@ -23,6 +23,7 @@ use crate::approvals::{
 use crate::audit::{Audit, AuditEvent, DecisionAudit};
 use crate::clock::{Clock, UnixMillis};
 use crate::decode::{self, DecodeError};
+use crate::entities::EntityKey;
 use crate::envelope::{Envelope, ErrorCode, ExecutorError, RequestError, echo, unknown_tool};
 use crate::identity::{Caller, Principals};
 use crate::metrics::{Metrics, UNKNOWN_TOOL};
@@ -366,6 +367,18 @@ impl ToolCallAuthorizer {
             }
         }
 
+        // The entities: the caller's when it gave any (even `[]`), else the
+        // resource and its ancestors from the tenant's rows of the entity
+        // store (DESIGN §11.6), in one read.
+        let from_store = entities.is_none();
+        let entities = match entities {
+            Some(given) => Some(given),
+            None => match self.stored_entities(tool, &hashed.args, caller).await {
+                Ok(found) => found,
+                Err(e) => return Ok(out.deny(e)),
+            },
+        };
+
         // A presented approval must be bound to exactly this call.
         let now = self.clock.now_ms();
         let approval = if input.approval_id.is_empty() {
@@ -386,6 +399,19 @@ impl ToolCallAuthorizer {
         };
         let decision = match engine.decide_tool_call(&call) {
             Ok(d) => d,
+            Err(DecideError::Entities(_)) if from_store => {
+                // Stored under an earlier schema, say: not the caller's
+                // mistake, and never decided on (fail closed). Cedar's
+                // message quotes values, the deployment's data: not logged.
+                tracing::warn!(tool = %tool.name, "stored entities do not fit the schema: denied");
+                return Ok(out.deny(
+                    Envelope::new(
+                        ErrorCode::PolicyError,
+                        "the stored entities of this call do not fit the schema; the call is denied",
+                    )
+                    .with("reason", "stored_entities_invalid"),
+                ));
+            }
             Err(DecideError::Entities(e)) => return Err(ExecutorError::new("entities_json", e)),
             Err(DecideError::ResourceNotFound(uid)) => {
                 return Ok(out.deny(
@@ -474,6 +500,50 @@ impl ToolCallAuthorizer {
                 )))
             }
         }
+    }
+
+    /// The stored resource of a call and its stored ancestors, as a Cedar
+    /// entity JSON array: `None` for a tool without a resource (its
+    /// `Tool` entity is static) or when nothing is stored. One store read.
+    async fn stored_entities(
+        &self,
+        tool: &ToolContract,
+        args: &Value,
+        caller: &Caller,
+    ) -> Result<Option<Value>, Envelope> {
+        let (Some(resource), Some(id)) = (&tool.resource, tool.resource_id(args)) else {
+            return Ok(None);
+        };
+        let root = EntityKey::new(resource.entity_type.clone(), id);
+        let walk = self
+            .store
+            .walk_entities(&caller.tenant_id, root, self.config.entity_store.max_walk)
+            .await
+            .map_err(|e| self.store_failure(&e))?;
+        if walk.exceeded {
+            // An incomplete hierarchy could hide an ancestor a forbid names.
+            return Err(Envelope::new(
+                ErrorCode::PolicyError,
+                "the resource has more stored ancestors than a decision reads; the call is denied",
+            )
+            .with("reason", "entity_walk_exceeded"));
+        }
+        if walk.found.is_empty() {
+            return Ok(None);
+        }
+        let items = walk
+            .found
+            .iter()
+            .map(|json| serde_json::from_str(json))
+            .collect::<Result<Vec<Value>, _>>()
+            .map_err(|e| {
+                tracing::error!(error = %e, "a stored entity is not JSON");
+                Envelope::new(
+                    ErrorCode::InternalError,
+                    "the stored entities could not be read",
+                )
+            })?;
+        Ok(Some(Value::Array(items)))
     }
 
     /// `min(tool timeout, time left − margin)`, or `None` when no time is left.

@@ -9,6 +9,7 @@ mod admission;
 mod approval;
 mod authorization;
 mod convert;
+mod entity;
 mod health;
 mod ledger;
 mod listen;
@@ -30,6 +31,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use crate::access::AccessPolicy;
 use crate::approvals::desk::ApprovalDesk;
 use crate::decision::ToolCallAuthorizer;
+use crate::entities::desk::EntityDesk;
 use crate::ledger::desk::LedgerDesk;
 use crate::metrics::Metrics;
 use crate::policy::PolicyReloader;
@@ -67,6 +69,8 @@ pub struct Handlers {
     pub authorizer: Arc<ToolCallAuthorizer>,
     pub approvals: Arc<ApprovalDesk>,
     pub ledger: Arc<LedgerDesk>,
+    /// The entity store, for `EntityService`.
+    pub entities: Arc<EntityDesk>,
     /// The live policy set, for `PolicyService`.
     pub policies: Arc<PolicyReloader>,
     /// Where refused connections are counted.
@@ -138,6 +142,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     use pb::approval_service_server::ApprovalServiceServer;
     use pb::authorization_service_server::AuthorizationServiceServer;
+    use pb::entity_service_server::EntityServiceServer;
     use pb::ledger_service_server::LedgerServiceServer;
     use pb::policy_service_server::PolicyServiceServer;
 
@@ -159,6 +164,7 @@ pub async fn serve(
         authorizer,
         approvals: desk,
         ledger,
+        entities,
         policies,
         metrics,
     } = handlers;
@@ -172,6 +178,7 @@ pub async fn serve(
     let approvals = ApprovalServiceServer::new(approval::ApprovalApi::new(desk, stopping.clone()));
     let ledger = LedgerServiceServer::new(ledger::LedgerApi::new(ledger));
     let policy = PolicyServiceServer::new(policy::PolicyApi::new(policies));
+    let entities = EntityServiceServer::new(entity::EntityApi::new(entities));
 
     // The policy set is loaded before the authorizer exists, so the
     // services are ready as soon as they are wired.
@@ -188,6 +195,9 @@ pub async fn serve(
         .set_serving::<PolicyServiceServer<policy::PolicyApi>>()
         .await;
     reporter
+        .set_serving::<EntityServiceServer<entity::EntityApi>>()
+        .await;
+    reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
     let probe = tokio::spawn(follow_store(store_answers, reporter.clone()));
@@ -197,7 +207,8 @@ pub async fn serve(
         .add_service(authorization)
         .add_service(approvals)
         .add_service(ledger)
-        .add_service(policy);
+        .add_service(policy)
+        .add_service(entities);
 
     let drain = options.drain;
     let probe_stop = probe.abort_handle();
@@ -226,6 +237,9 @@ pub async fn serve(
                 .await;
             reporter
                 .set_not_serving::<PolicyServiceServer<policy::PolicyApi>>()
+                .await;
+            reporter
+                .set_not_serving::<EntityServiceServer<entity::EntityApi>>()
                 .await;
             let _ = stopping_tx.send(true);
             tracing::info!(
@@ -357,6 +371,7 @@ async fn follow_store(
 ) {
     use pb::approval_service_server::ApprovalServiceServer;
     use pb::authorization_service_server::AuthorizationServiceServer;
+    use pb::entity_service_server::EntityServiceServer;
     use pb::ledger_service_server::LedgerServiceServer;
     use tonic::server::NamedService;
     use tonic_health::ServingStatus;
@@ -366,6 +381,7 @@ async fn follow_store(
         <AuthorizationServiceServer<authorization::AuthorizationApi> as NamedService>::NAME,
         <ApprovalServiceServer<approval::ApprovalApi> as NamedService>::NAME,
         <LedgerServiceServer<ledger::LedgerApi> as NamedService>::NAME,
+        <EntityServiceServer<entity::EntityApi> as NamedService>::NAME,
     ];
     // SERVING was set when the services were wired.
     let mut serving = true;

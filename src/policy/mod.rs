@@ -31,6 +31,7 @@ mod reach;
 mod reload;
 pub mod schema;
 mod slice;
+mod stored;
 mod values;
 mod watch;
 

@@ -2,7 +2,7 @@
 //!
 //! [`build`] assembles the object graph — the live policy set, the store,
 //! metrics, the audit log, the approvals hub, the principal rule, and the
-//! three desks (decisions, approvals, ledger) — and [`serve`] runs it: the
+//! four desks (decisions, approvals, ledger, entities) — and [`serve`] runs it: the
 //! background jobs of the domain (approval expiry, ledger retention, policy
 //! reloads, other replicas' approval events, the store probe) for as long
 //! as the gRPC server and the metrics endpoint answer, then the audit log's
@@ -29,6 +29,7 @@ use crate::audit::{Audit, AuditError};
 use crate::clock::Clock;
 use crate::config::{Config, ListenAddr};
 use crate::decision::{AuthorizerParts, ToolCallAuthorizer};
+use crate::entities::desk::{EntityDesk, EntityDeskParts};
 use crate::grpc::{self, Listener, ServeError, TlsPem};
 use crate::identity::{IdentityVerifier, Principals, TokenError, TokenVerifier};
 use crate::ledger::desk::{LedgerDesk, LedgerParts};
@@ -89,6 +90,8 @@ pub struct Services {
     pub authorizer: Arc<ToolCallAuthorizer>,
     pub approvals: Arc<ApprovalDesk>,
     pub ledger: Arc<LedgerDesk>,
+    /// The entity store's desk (DESIGN §11.6).
+    pub entities: Arc<EntityDesk>,
     jobs: jobs::Schedule,
 }
 
@@ -151,6 +154,15 @@ pub async fn assemble(
         audit: Arc::clone(&audit),
         metrics: Arc::clone(&metrics),
     }));
+    let entities = Arc::new(EntityDesk::new(EntityDeskParts {
+        engine: Arc::clone(&engine),
+        store: Arc::clone(&store),
+        clock: Arc::clone(&clock),
+        audit: Arc::clone(&audit),
+        metrics: Arc::clone(&metrics),
+        limits: config.authorizer.entity_store,
+        decoding: config.authorizer.entity_limits,
+    }));
     let approvals = Arc::new(ApprovalDesk::new(ApprovalDeskParts {
         engine,
         store: Arc::clone(&store),
@@ -169,6 +181,7 @@ pub async fn assemble(
         authorizer,
         approvals,
         ledger,
+        entities,
         jobs: jobs::Schedule {
             approval_expiry: config.approval_expiry_interval,
             reload: config.reload,
@@ -319,6 +332,7 @@ pub async fn serve(
         authorizer: Arc::clone(&services.authorizer),
         approvals: Arc::clone(&services.approvals),
         ledger: Arc::clone(&services.ledger),
+        entities: Arc::clone(&services.entities),
         policies: Arc::clone(&services.policies),
         metrics: Arc::clone(&services.metrics),
     };

@@ -1,4 +1,4 @@
-//! Persistent state: approvals and the execution ledger.
+//! Persistent state: approvals, the execution ledger and the entity store.
 //!
 //! [`Store`] is the one interface every backend implements with the same
 //! semantics; each method is one database transaction. Backends touch the
@@ -18,6 +18,8 @@ pub mod scratch;
 mod sqlite;
 
 #[cfg(test)]
+mod entity_suite;
+#[cfg(test)]
 mod gateway_suite;
 #[cfg(test)]
 mod suite;
@@ -33,6 +35,7 @@ use async_trait::async_trait;
 
 use crate::approvals::{ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::clock::UnixMillis;
+use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{
     self, BeginAnswer, Collect, ExecutionRecord, ExecutionState, RecordedError, Settled,
 };
@@ -415,6 +418,59 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// [`StoreError`] when it does not.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    // ---- The entity store (DESIGN §11.6): Cedar entities keyed by
+    // (tenant, type, id). Every call reads or writes one tenant's rows only.
+
+    /// Writes `entities` into `tenant_id`'s rows in one transaction, each
+    /// replacing the stored entity of the same uid, parents and all
+    /// (`now` is its `updated_at`). All or nothing.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is then written.
+    async fn upsert_entities(
+        &self,
+        tenant_id: &str,
+        entities: Vec<StoredEntity>,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
+
+    /// Deletes these uids from `tenant_id`'s rows in one transaction;
+    /// returns how many were stored.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is then deleted.
+    async fn delete_entities(
+        &self,
+        tenant_id: &str,
+        uids: Vec<EntityKey>,
+    ) -> Result<usize, StoreError>;
+
+    /// `tenant_id`'s stored entities of these uids (each as its canonical
+    /// JSON), in the order asked; a uid not stored is left out.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn get_entities(
+        &self,
+        tenant_id: &str,
+        uids: Vec<EntityKey>,
+    ) -> Result<Vec<(EntityKey, String)>, StoreError>;
+
+    /// What a decision needs of `tenant_id`'s rows, in one read: `root`
+    /// (the resource) if stored, and every stored entity its stored
+    /// parents reach, transitively, each once (a cycle ends the walk).
+    /// The walk visits at most `max_walk` uids, stored or not; one more
+    /// would make [`EntityWalk::exceeded`] true.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn walk_entities(
+        &self,
+        tenant_id: &str,
+        root: EntityKey,
+        max_walk: usize,
+    ) -> Result<EntityWalk, StoreError>;
 
     /// Relays into `events` the approval events that *other* processes
     /// sharing this database cause, for as long as the returned task runs;

@@ -6,6 +6,8 @@
 //! between, whether the other writer is this process or another one with
 //! the same file open: that is what makes a Begin exactly-once.
 
+mod entities;
+
 use std::path::Path;
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -19,6 +21,7 @@ use super::{
 };
 use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::clock::UnixMillis;
+use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled, Transition, Write};
 
 mod gateway;
@@ -89,6 +92,8 @@ CREATE UNIQUE INDEX approvals_one_pending_per_call ON approvals
 CREATE INDEX approvals_by_call ON approvals
     (tenant_id, requester_subject_id, tool, arguments_sha256, created_at);
 ",
+    // The entity store (DESIGN §11.6).
+    entities::MIGRATION,
 ];
 
 /// The whole call an approval is bound to (DESIGN §4), parameters ?1–?7.
@@ -666,6 +671,50 @@ impl Store for SqliteStore {
         })
         .await
     }
+
+    // ---- The entity store (DESIGN §11.6): see `sqlite/entities.rs`.
+
+    async fn upsert_entities(
+        &self,
+        tenant_id: &str,
+        entities: Vec<StoredEntity>,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let tenant_id = tenant_id.to_owned();
+        self.with(move |conn| entities::upsert(conn, &tenant_id, &entities, now))
+            .await
+    }
+
+    async fn delete_entities(
+        &self,
+        tenant_id: &str,
+        uids: Vec<EntityKey>,
+    ) -> Result<usize, StoreError> {
+        let tenant_id = tenant_id.to_owned();
+        self.with(move |conn| entities::delete(conn, &tenant_id, &uids))
+            .await
+    }
+
+    async fn get_entities(
+        &self,
+        tenant_id: &str,
+        uids: Vec<EntityKey>,
+    ) -> Result<Vec<(EntityKey, String)>, StoreError> {
+        let tenant_id = tenant_id.to_owned();
+        self.with(move |conn| entities::get(conn, &tenant_id, uids))
+            .await
+    }
+
+    async fn walk_entities(
+        &self,
+        tenant_id: &str,
+        root: EntityKey,
+        max_walk: usize,
+    ) -> Result<EntityWalk, StoreError> {
+        let tenant_id = tenant_id.to_owned();
+        self.with(move |conn| entities::walk(conn, &tenant_id, &root, max_walk))
+            .await
+    }
 }
 
 #[cfg(test)]
@@ -767,7 +816,7 @@ mod tests {
             .unwrap()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 4);
+        assert_eq!(version, 5);
         assert_eq!(
             store
                 .get_approval("t1", "a1")

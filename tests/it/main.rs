@@ -18,6 +18,7 @@ mod authorize;
 mod cli;
 mod decoding_path;
 mod gateway_approvals;
+mod entities;
 mod ledger;
 mod ledger_crash;
 mod listeners;

@@ -64,9 +64,11 @@ use crate::approvals::{
     ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval, PendingScope,
 };
 use crate::clock::UnixMillis;
+use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled};
 
 mod gateway;
+mod entities;
 mod migrations;
 mod relay;
 mod rows;
@@ -673,6 +675,50 @@ impl Store for PostgresStore {
             Ok(())
         })
         .await
+    }
+
+    // ---- The entity store (DESIGN §11.6): see `entities.rs`.
+
+    async fn upsert_entities(
+        &self,
+        tenant_id: &str,
+        entities: Vec<StoredEntity>,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let entities = &entities;
+        self.run(|client| entities::upsert(client, tenant_id, entities, now))
+            .await
+    }
+
+    async fn delete_entities(
+        &self,
+        tenant_id: &str,
+        uids: Vec<EntityKey>,
+    ) -> Result<usize, StoreError> {
+        let uids = &uids;
+        self.run(|client| entities::delete(client, tenant_id, uids))
+            .await
+    }
+
+    async fn get_entities(
+        &self,
+        tenant_id: &str,
+        uids: Vec<EntityKey>,
+    ) -> Result<Vec<(EntityKey, String)>, StoreError> {
+        let uids = &uids;
+        self.run(|client| entities::get(client, tenant_id, uids))
+            .await
+    }
+
+    async fn walk_entities(
+        &self,
+        tenant_id: &str,
+        root: EntityKey,
+        max_walk: usize,
+    ) -> Result<EntityWalk, StoreError> {
+        let root = &root;
+        self.run(|client| entities::walk(client, tenant_id, root, max_walk))
+            .await
     }
 
     async fn relay_approval_events(

@@ -73,7 +73,7 @@ async fn replicas_starting_together_migrate_once_and_a_newer_schema_is_refused()
     for s in starts {
         s.await.unwrap().unwrap();
     }
-    assert_eq!(version(&schema).await, 3);
+    assert_eq!(version(&schema).await, 4);
     // Data written, then a restart: kept, not migrated again.
     let store = connect(schema.0.url()).await;
     store
