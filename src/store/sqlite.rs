@@ -850,7 +850,7 @@ mod tests {
             SqliteStore::open(&path),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 4
+                known: 5
             })
         ));
     }

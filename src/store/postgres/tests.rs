@@ -98,7 +98,7 @@ async fn replicas_starting_together_migrate_once_and_a_newer_schema_is_refused()
             err,
             StoreError::SchemaTooNew {
                 found: 99,
-                known: 3
+                known: 4
             }
         ),
         "{err}"
