@@ -33,3 +33,4 @@ mod sidecar;
 mod strict_entities;
 mod support;
 mod tenants;
+mod tools_import;
