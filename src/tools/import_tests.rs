@@ -15,9 +15,12 @@ const T: Option<bool> = Some(true);
 const F: Option<bool> = Some(false);
 const A: Option<bool> = None;
 
+/// `readOnlyHint`, `destructiveHint`, `openWorldHint`, and the risk they give.
+type RiskCase = (Option<bool>, Option<bool>, Option<bool>, Risk);
+
 /// Every combination of `readOnlyHint`, `destructiveHint`, `openWorldHint` (true, false,
 /// absent) and the risk MCP's defaults give it.
-const RISKS: [(Option<bool>, Option<bool>, Option<bool>, Risk); 27] = [
+const RISKS: [RiskCase; 27] = [
     (T, T, T, Risk::Read),
     (T, T, F, Risk::Read),
     (T, T, A, Risk::Read),
