@@ -82,7 +82,8 @@ enum ToolsCommand {
     /// endpoint (`--url`) or a server started over stdio (the command line
     /// after `--`). A contract that exists and differs is shown as a diff and
     /// written only with `--force`. Exit 0 when every contract is written or
-    /// unchanged, 2 when a changed one was not written, 1 on an error.
+    /// unchanged, 3 when a changed one was not written, 1 on an error (2 is
+    /// a usage error).
     Import(ImportArgs),
 }
 
@@ -99,7 +100,7 @@ struct ImportArgs {
     url: Option<String>,
     /// The environment variable holding a bearer token for `--url` (never
     /// the token itself on the command line).
-    #[arg(long, requires = "url")]
+    #[arg(long, requires = "url", conflicts_with_all = ["file", "command"])]
     bearer_token_env: Option<String>,
     /// Bounds each step of a live session (start, each page, shutdown).
     #[arg(long, default_value_t = 30)]
@@ -313,7 +314,7 @@ fn tools_import(args: ImportArgs) -> anyhow::Result<ExitCode> {
         Ok(report) => {
             print!("{}", report.render());
             Ok(if report.withheld() {
-                ExitCode::from(2)
+                ExitCode::from(3)
             } else {
                 ExitCode::SUCCESS
             })

@@ -176,7 +176,7 @@ fn a_changed_contract_is_a_diff_written_only_with_force() {
         )
     };
     let (code, out, err) = import(&dir, &strs(&file_source(&changed)), &[]);
-    assert_eq!(code, 2, "{out}{err}");
+    assert_eq!(code, 3, "{out}{err}");
     assert!(out.starts_with(diff), "{out}");
     assert!(out.contains(&line("differs, not written")), "{out}");
     assert!(
@@ -191,6 +191,16 @@ fn a_changed_contract_is_a_diff_written_only_with_force() {
         before,
         "nothing written without --force"
     );
+
+    // A dry run exits as the import would, and writes nothing.
+    let (code, out, err) = import(&dir, &strs(&file_source(&changed)), &["--dry-run"]);
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(out.starts_with(diff), "{out}");
+    assert!(
+        out.ends_with("dry run: nothing was written\nreview the diff above; --force writes it\n"),
+        "{out}"
+    );
+    assert_eq!(tools_folder(&dir), before);
 
     // A dry run with --force says what it would do, and writes nothing.
     let (code, out, err) = import(
@@ -260,6 +270,28 @@ fn a_refused_name_or_bad_input_writes_nothing() {
     let (code, _, err) = import(&dir, &["--file", "/nonexistent/list.json"], &[]);
     assert_eq!(code, 1);
     assert!(err.starts_with("toolgate: error[read_failed]: "), "{err}");
+}
+
+#[test]
+fn a_file_holding_one_page_of_several_is_imported_with_a_warning() {
+    let (tmp, dir) = empty_policies();
+    let path = tmp.path().join("page.json");
+    std::fs::write(
+        &path,
+        r#"{"tools": [{"name": "a", "inputSchema": {"type": "object"}}], "nextCursor": "2"}"#,
+    )
+    .unwrap();
+    let (code, out, err) = import(&dir, &strs(&file_source(&path)), &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.ends_with(
+            "1 tool(s): 1 created, 0 unchanged, 0 updated, 0 differ and not written\n\
+             warning: the file holds one page of the list (it has a nextCursor); \
+             import from the server to get every tool\n"
+        ),
+        "{out}"
+    );
+    assert_eq!(tools_folder(&dir).len(), 1);
 }
 
 /// The risk each tool of `server.py` declares through its annotations.
