@@ -142,7 +142,9 @@ pub async fn list_tools(source: &Source, timeout: Duration) -> Result<Listing, M
         Source::Stdio(command) => {
             let (program, args) = command.split_first().ok_or(McpImportError::NoCommand)?;
             let mut child = tokio::process::Command::new(program);
-            child.args(args);
+            // A server that does not answer in time is killed, not left behind, even when
+            // the runtime ends before rmcp's own cleanup runs.
+            child.args(args).kill_on_drop(true);
             let transport =
                 TokioChildProcess::new(child).map_err(|source| McpImportError::Spawn {
                     program: program.clone(),

@@ -399,6 +399,40 @@ fn a_server_command_that_cannot_start_is_an_error() {
     assert_eq!(tools_folder(&dir), vec![]);
 }
 
+#[test]
+fn a_server_that_never_answers_times_out_and_is_stopped() {
+    let (tmp, dir) = empty_policies();
+    let pid_file = tmp.path().join("server.pid");
+    let script = format!("echo $$ > '{}'; exec sleep 600", pid_file.display());
+    let started = Instant::now();
+    let (code, out, err) = import(
+        &dir,
+        &["--", "sh", "-c", &script],
+        &["--timeout-seconds", "1"],
+    );
+    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(
+        err,
+        "toolgate: error[mcp_timeout]: the MCP server did not answer initialize within 1 s\n"
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(tools_folder(&dir), vec![]);
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    let proc = PathBuf::from(format!("/proc/{}", pid.trim()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Killed; `/proc/<pid>` goes once init has reaped it (a zombie reads state Z).
+    while proc.exists()
+        && !std::fs::read_to_string(proc.join("stat")).is_ok_and(|stat| stat.contains(") Z "))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the server {} still runs",
+            pid.trim()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The HTTP server child, killed and reaped when dropped.
 struct ServerProcess(Child);
 
