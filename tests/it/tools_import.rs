@@ -386,6 +386,67 @@ fn a_live_mcp_server_over_stdio_and_streamable_http_gives_the_same_contracts() {
 }
 
 #[test]
+fn a_bearer_token_is_read_from_the_variable_named() {
+    let Some(py) = prerequisites::python_with_mcp() else {
+        return;
+    };
+    let server = fixture("mcp/server.py");
+    let port = free_port();
+    let token = "import-test-token";
+    let mut child = ServerProcess(
+        Command::new(&py)
+            .args([server.to_str().unwrap(), "http", &port.to_string()])
+            .env("MCP_TEST_BEARER_TOKEN", token)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_port(port, &mut child.0);
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let (_tmp, dir) = empty_policies();
+    let dir_arg = dir.to_str().unwrap();
+    let with_token = |value: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_toolgate"));
+        command.args(["tools", "import", "--policies", dir_arg, "--url", &url]);
+        command.args(["--bearer-token-env", "IMPORT_TEST_TOKEN"]);
+        match value {
+            Some(value) => command.env("IMPORT_TEST_TOKEN", value),
+            None => command.env_remove("IMPORT_TEST_TOKEN"),
+        };
+        let out = command.output().unwrap();
+        (
+            out.status.code().unwrap(),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+
+    let (code, out, err) = with_token(None);
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (
+            1,
+            "",
+            "toolgate: --bearer-token-env: `IMPORT_TEST_TOKEN` is not set: environment variable not found\n"
+        )
+    );
+    let (code, out, err) = with_token(Some("wrong"));
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.starts_with("toolgate: error[mcp_unreachable]: "),
+        "{err}"
+    );
+    assert!(err.contains("Auth required"), "{err}");
+    assert!(!err.contains("wrong"), "the token is never printed: {err}");
+    assert_eq!(tools_folder(&dir), vec![]);
+
+    let (code, out, err) = with_token(Some(token));
+    assert_eq!(code, 0, "{out}{err}");
+    check_server_contracts(&dir, &out);
+}
+
+#[test]
 fn a_server_command_that_cannot_start_is_an_error() {
     let (_tmp, dir) = empty_policies();
     let (code, out, err) = import(&dir, &["--", "/nonexistent/mcp-server"], &[]);
