@@ -7,7 +7,7 @@
 //! the client initializes, then asks `tools/list` page after page while `nextCursor` says
 //! more follow, at most [`MAX_PAGES`] pages, each answer bounded by the caller's timeout and
 //! re-read through the same strict decoder as a file, so both sources are read by one rule
-//! ([`tools::import::read_page`]).
+//! ([`crate::tools::import::read_page`]).
 //!
 //! Writing: every tool is checked before anything is written (a refused name or a repeated
 //! one writes nothing); a contract that does not exist yet is written, one that says the
