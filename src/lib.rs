@@ -30,6 +30,8 @@
 //! - [`grpc`]: the wire surface (the only importer of tonic and prost).
 //! - [`policy_cases`]: `toolgate test`, policy test cases run through the
 //!   pipeline.
+//! - [`mcp`]: `toolgate tools import`, contract skeletons from an MCP
+//!   server's `tools/list` (rules in [`tools::import`]).
 //! - [`config`], [`telemetry`], [`clock`]: the edges.
 //!
 //! See `ARCHITECTURE.md` for the invariants each module keeps.
@@ -46,6 +48,7 @@ pub mod envelope;
 pub mod grpc;
 pub mod identity;
 pub mod ledger;
+pub mod mcp;
 pub mod metrics;
 pub mod policy;
 pub mod policy_cases;

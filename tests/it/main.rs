@@ -35,3 +35,4 @@ mod sidecar;
 mod strict_entities;
 mod support;
 mod tenants;
+mod tools_import;
