@@ -40,7 +40,7 @@ use cedar_policy::{
 };
 
 use super::PolicyEngine;
-use super::decide::{DecideError, principal_entities, uid};
+use super::parts::{DecideError, principal_entities, uid};
 use super::reach::RequestBases;
 use super::slice::{PartialEvaluation, PolicySlices, evaluate_partial};
 use crate::identity::Caller;
@@ -96,18 +96,18 @@ enum Resource {
 
 /// One tool, ready to be asked about.
 #[derive(Debug)]
-struct ToolQuery {
-    tool: Arc<ToolContract>,
+pub(super) struct ToolQuery {
+    pub(super) tool: Arc<ToolContract>,
     action: EntityUid,
     resource: Resource,
     /// `Some(shown)` when the policies settle it whoever asks.
-    settled: Option<bool>,
+    pub(super) settled: Option<bool>,
 }
 
 /// Per policy load: every tool's query, in name order.
 #[derive(Debug)]
 pub(super) struct CallableIndex {
-    tools: Vec<ToolQuery>,
+    pub(super) tools: Vec<ToolQuery>,
 }
 
 impl CallableIndex {
@@ -346,7 +346,3 @@ impl ToolQuery {
         )
     }
 }
-
-#[cfg(test)]
-#[path = "callable_tests.rs"]
-mod tests;

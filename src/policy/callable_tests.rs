@@ -11,8 +11,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Value, json};
 
-use super::*;
-use crate::policy::{PolicyDecision, ToolCall};
+use super::{HiddenReason, PolicyDecision, PolicyEngine, ToolCall, ToolReach};
+use crate::identity::Caller;
 
 fn examples() -> PolicyEngine {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
