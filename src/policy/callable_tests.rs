@@ -110,6 +110,16 @@ fn witness(tool: &str, who: &Caller) -> (Value, Value) {
     }
 }
 
+/// Every scope the example policies ask for.
+const ALL_SCOPES: &[&str] = &[
+    "orders:read",
+    "orders:refund",
+    "customers:write",
+    "email:send",
+    "accounts:delete",
+    "docs:read",
+];
+
 const ALL_TOOLS: &[&str] = &[
     "delete_account",
     "get_order",
@@ -126,14 +136,6 @@ const ALL_TOOLS: &[&str] = &[
 #[test]
 fn the_examples_show_exactly_what_a_call_can_be_allowed_for() {
     let engine = examples();
-    let all_scopes = [
-        "orders:read",
-        "orders:refund",
-        "customers:write",
-        "email:send",
-        "accounts:delete",
-        "docs:read",
-    ];
     // (principal, the tools shown, and the answer of each shown tool's witness)
     let cases: Vec<(Caller, Vec<(&str, &str)>)> = vec![
         (
@@ -141,7 +143,7 @@ fn the_examples_show_exactly_what_a_call_can_be_allowed_for() {
             vec![("refund_order", "allow")],
         ),
         (
-            caller("carol", "acme", &["support_admin"], &all_scopes, ""),
+            caller("carol", "acme", &["support_admin"], ALL_SCOPES, ""),
             vec![
                 ("delete_account", "approval_required"),
                 ("get_order", "allow"),
@@ -251,22 +253,7 @@ forbid (principal, action in [Action::"risk:read", Action::"risk:write", Action:
 when { context.agent == "quarantined" };
 "#,
     );
-    let admin = |agent: &str| {
-        caller(
-            "carol",
-            "acme",
-            &["support_admin"],
-            &[
-                "orders:read",
-                "orders:refund",
-                "customers:write",
-                "email:send",
-                "accounts:delete",
-                "docs:read",
-            ],
-            agent,
-        )
-    };
+    let admin = |agent: &str| caller("carol", "acme", &["support_admin"], ALL_SCOPES, agent);
     assert_eq!(shown(&engine, &admin("quarantined")), Vec::<String>::new());
     for tool in ALL_TOOLS {
         assert_eq!(
@@ -607,7 +594,7 @@ fn sound_on_generated_policies() {
         }
     }
     let seen = RefCell::new(Seen::default());
-    let mut runner = TestRunner::new(Config::with_cases(96));
+    let mut runner = TestRunner::new(Config::with_cases(128));
     let strategy = (
         prop::collection::vec(policy(), 1..10),
         prop::collection::vec(case(), 1..6),

@@ -14,16 +14,21 @@ use toolgate::access::{AccessPolicy, CallerPattern, Grant, ServiceName, TenantSc
 use toolgate::grpc::pb::authorization_service_client::AuthorizationServiceClient;
 use toolgate::grpc::pb::{self, Decision};
 
-use crate::support::{TestServer, agent_bob, approver_claims, auth, code, entities, signed};
+use crate::support::{
+    TestServer, agent_bob, approver_claims, auth, code, entities, example_policies, signed,
+};
 
-const ALL_TOOLS: [&str; 6] = [
-    "delete_account",
-    "get_order",
-    "refund_order",
-    "search_docs",
-    "send_email",
-    "update_preferences",
-];
+/// The example tools, one contract file each, named as the tool.
+fn all_tools() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(example_policies().join("tools"))
+        .unwrap()
+        .map(|f| f.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
 
 /// A call of `tool` that the example entities let a support agent or
 /// admin of acme make: it is allowed, or (deleting an account) needs an
@@ -63,7 +68,8 @@ async fn check_witnesses(
     who: &pb::AuthContext,
     listed: &[&str],
 ) {
-    for tool in ALL_TOOLS {
+    for tool in all_tools() {
+        let tool = tool.as_str();
         let answer = client
             .authorize(pb::AuthorizeRequest {
                 tool: tool.into(),
@@ -102,7 +108,8 @@ async fn list_tools_with_auth_lists_exactly_what_a_call_can_be_allowed_for() {
     let mut client = server.client().await;
 
     let everything = list(&mut client, None).await.unwrap();
-    assert_eq!(names(&everything), ALL_TOOLS);
+    assert_eq!(names(&everything), all_tools());
+    assert_eq!(everything.tools.len(), 6);
     assert_eq!(everything.tools[0].version, "1.0.0");
 
     // Bob, a support agent without `accounts:delete`: everything but deleting.
@@ -194,7 +201,7 @@ async fn list_tools_runs_as_the_token_and_within_the_granted_tenants() {
     let mut client = server.client().await;
 
     // Without auth: every tool, as before.
-    assert_eq!(names(&list(&mut client, None).await.unwrap()), ALL_TOOLS);
+    assert_eq!(names(&list(&mut client, None).await.unwrap()), all_tools());
 
     // A customer's token: reading orders and the docs (own orders only, but
     // some order is hers).
