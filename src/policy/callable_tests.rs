@@ -416,6 +416,9 @@ const ANY: &[&str] = &[
     "!context.approved",
     "context.risk == \"read\"",
     "principal.tenant == Tenant::\"acme\"",
+    // Entities only the executor supplies: unknown when listing.
+    "Order::\"ord_1\".total_cents > 10000",
+    "Customer::\"cus_1\".email_verified",
 ];
 
 fn policy() -> impl Strategy<Value = String> {
