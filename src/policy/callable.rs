@@ -33,12 +33,12 @@
 //! (see [`ClassKey`]); a request evaluates one tool of each class that
 //! depends on the principal, on one entity store built for it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 
 use cedar_policy::{
-    Context, Decision, Entities, EntityTypeName, EntityUid, Request, RestrictedExpression,
+    Context, Decision, Entities, EntityTypeName, EntityUid, PolicyId, Request, RestrictedExpression,
 };
 
 use super::PolicyEngine;
@@ -166,11 +166,18 @@ impl CallableIndex {
         // Each class's number and what the policies settle for it.
         let mut classes: HashMap<ClassKey, (usize, Option<bool>)> = HashMap::new();
         let mut count = 0;
+        // Written out once per policy, not once per tool of its slice.
+        let reading: HashSet<&PolicyId> = policies
+            .full()
+            .policies()
+            .filter(|p| reads_action(p))
+            .map(cedar_policy::Policy::id)
+            .collect();
         for tool in tools.iter().filter_map(|t| tools.get(&t.name)) {
             let action = uid("Action", &tool.name)?;
             let slice = policies.for_action(&action);
             let key = match &tool.resource {
-                Some(r) if !slice.policies().any(reads_action) => {
+                Some(r) if !slice.policies().any(|p| reading.contains(p.id())) => {
                     let mut ids: Vec<String> =
                         slice.policies().map(|p| p.id().to_string()).collect();
                     ids.sort();
