@@ -644,7 +644,7 @@ async fn list_tools_is_in_name_order_with_schemas() {
     let server = TestServer::start().await;
     let mut client = server.client().await;
     let r = client
-        .list_tools(pb::ListToolsRequest {})
+        .list_tools(pb::ListToolsRequest::default())
         .await
         .unwrap()
         .into_inner();

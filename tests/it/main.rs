@@ -15,6 +15,7 @@ mod approvals;
 mod architecture;
 mod audit;
 mod authorize;
+mod callable_tools;
 mod cli;
 mod decoding_path;
 mod gateway_approvals;
