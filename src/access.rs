@@ -34,16 +34,20 @@ pub enum ServiceName {
     Policy,
     /// gRPC server reflection: the public wire schema.
     Reflection,
+    /// The OpenID AuthZEN door over HTTP (`/.well-known/authzen-configuration`,
+    /// `/access/v1/*`): decisions for MCP gateways and other AuthZEN PEPs.
+    Authzen,
 }
 
 impl ServiceName {
     /// Every grantable service, in config-name order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Authorization,
         Self::Approvals,
         Self::Ledger,
         Self::Policy,
         Self::Reflection,
+        Self::Authzen,
     ];
 
     /// The name used in `[[access]] services`.
@@ -55,6 +59,7 @@ impl ServiceName {
             Self::Ledger => "ledger",
             Self::Policy => "policy",
             Self::Reflection => "reflection",
+            Self::Authzen => "authzen",
         }
     }
 
@@ -77,9 +82,13 @@ pub enum Target {
     Unknown,
 }
 
-/// The target of a gRPC request path (`/package.Service/Method`).
+/// The target of a request path: a gRPC path (`/package.Service/Method`)
+/// or one of the AuthZEN door's HTTP paths.
 #[must_use]
 pub fn target_of_path(path: &str) -> Target {
+    if path == "/.well-known/authzen-configuration" || path.starts_with("/access/v1/") {
+        return Target::Service(ServiceName::Authzen);
+    }
     let service = path
         .strip_prefix('/')
         .and_then(|p| p.split('/').next())
@@ -544,6 +553,15 @@ mod tests {
             target_of_path("/grpc.health.v1.Health/Check"),
             Target::Health
         );
+        assert_eq!(
+            target_of_path("/.well-known/authzen-configuration"),
+            Target::Service(ServiceName::Authzen)
+        );
+        assert_eq!(
+            target_of_path("/access/v1/evaluations"),
+            Target::Service(ServiceName::Authzen)
+        );
+        assert_eq!(target_of_path("/access/v2/evaluation"), Target::Unknown);
         assert_eq!(target_of_path("/evil.Service/X"), Target::Unknown);
         assert_eq!(target_of_path(""), Target::Unknown);
     }

@@ -65,6 +65,9 @@ enum Command {
     /// One decision from the command line, without a server. Prints the
     /// answer as JSON; exit 0 for allow, 2 for deny, 3 for approval required.
     Authorize(AuthorizeArgs),
+    /// Tool contracts as MCP publishes them.
+    #[command(subcommand)]
+    Tools(ToolsCommand),
     /// DEVELOPMENT ONLY: a local key set and identity tokens, to try the
     /// approval flow without an identity provider. Production verifies the
     /// provider's tokens against its published key set.
@@ -76,6 +79,24 @@ enum Command {
 enum Format {
     Human,
     Json,
+}
+
+#[derive(Subcommand)]
+enum ToolsCommand {
+    /// Print a tool's MCP `inputSchema` with its COAZ-MCP declared mapping
+    /// (`x-authzen-mapping`), as the configuration's `[authzen]` pointers
+    /// and identity claim names make it: what an MCP server publishes in
+    /// `tools/list` so that a gateway enforcing through toolgate's AuthZEN
+    /// door sends exactly what toolgate reads.
+    McpSchema {
+        /// The tool's name.
+        tool: String,
+        /// The configuration file (default `./toolgate.toml` if present).
+        #[arg(long, env = "TOOLGATE_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        policies: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -205,6 +226,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             format,
             deny_warnings,
         } => Ok(check(&policies, format, deny_warnings)),
+        Command::Tools(ToolsCommand::McpSchema {
+            tool,
+            config,
+            policies,
+        }) => mcp_schema(&tool, config.as_deref(), policies),
         Command::Schema { policies } => {
             let engine = load_or_report(&policies)?;
             print!("{}", engine.schema_text());
@@ -492,6 +518,7 @@ fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
         // The operator's own question, on the command line: any tenant.
         tenants: TenantScope::Any,
         door: Door::Executor,
+        action: String::new(),
     };
     let outcome = runtime.block_on(services.authorizer.authorize(&input))?;
     let json = serde_json::json!({
@@ -514,4 +541,31 @@ fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
         toolgate::decision::Decision::Deny => ExitCode::from(2),
         toolgate::decision::Decision::ApprovalRequired => ExitCode::from(3),
     })
+}
+
+/// `toolgate tools mcp-schema`: exit 1 naming an unknown tool.
+fn mcp_schema(
+    tool: &str,
+    config: Option<&std::path::Path>,
+    policies: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    let config = Config::load(
+        config,
+        Overrides {
+            policies,
+            ..Overrides::default()
+        },
+    )?;
+    let engine = load_or_report(&config.policies)?;
+    let Some(contract) = engine.tools().get(tool) else {
+        eprintln!(
+            "error: no tool `{tool}` in {}",
+            config.policies.display()
+        );
+        return Ok(ExitCode::FAILURE);
+    };
+    let mapping = toolgate::authzen::declared_mapping(&config.authzen, &config.verifier.claims);
+    let schema = toolgate::authzen::mcp_input_schema(&contract.input_schema_json, &mapping);
+    println!("{}", serde_json::to_string_pretty(&schema)?);
+    Ok(ExitCode::SUCCESS)
 }

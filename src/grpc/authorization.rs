@@ -23,11 +23,21 @@ const MAX_BATCH: usize = 128;
 pub struct AuthorizationApi {
     authorizer: Arc<ToolCallAuthorizer>,
     ledger: Arc<LedgerDesk>,
+    /// The COAZ-MCP declared mapping every tool publishes (`[authzen]`).
+    mcp_mapping: Arc<serde_json::Value>,
 }
 
 impl AuthorizationApi {
-    pub fn new(authorizer: Arc<ToolCallAuthorizer>, ledger: Arc<LedgerDesk>) -> Self {
-        Self { authorizer, ledger }
+    pub fn new(
+        authorizer: Arc<ToolCallAuthorizer>,
+        ledger: Arc<LedgerDesk>,
+        mcp_mapping: serde_json::Value,
+    ) -> Self {
+        Self {
+            authorizer,
+            ledger,
+            mcp_mapping: Arc::new(mcp_mapping),
+        }
     }
 
     /// Decides one call, and begins its execution when asked and allowed.
@@ -99,6 +109,7 @@ fn call(
         entities_json,
         tool_version,
         door: Door::Executor,
+        action: String::new(),
     };
     Call {
         input,
@@ -285,6 +296,7 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
                 parallel: t.parallel,
                 idempotent: t.idempotent,
                 timeout_ms: t.timeout_ms,
+                authzen_mapping_json: self.mcp_mapping.to_string(),
             })
             .collect();
         Ok(Response::new(pb::ListToolsResponse {

@@ -29,6 +29,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::access::AccessPolicy;
 use crate::approvals::desk::ApprovalDesk;
+use crate::authzen::desk::AuthzenDesk;
 use crate::decision::ToolCallAuthorizer;
 use crate::ledger::desk::LedgerDesk;
 use crate::metrics::Metrics;
@@ -71,6 +72,10 @@ pub struct Handlers {
     pub policies: Arc<PolicyReloader>,
     /// Where refused connections are counted.
     pub metrics: Arc<Metrics>,
+    /// The AuthZEN door, served over HTTP beside the gRPC services.
+    pub authzen: Arc<AuthzenDesk>,
+    /// The COAZ-MCP declared mapping `ListTools` publishes per tool.
+    pub mcp_mapping: serde_json::Value,
 }
 
 /// A bound listener.
@@ -161,10 +166,13 @@ pub async fn serve(
         ledger,
         policies,
         metrics,
+        authzen,
+        mcp_mapping,
     } = handlers;
     let authorization = AuthorizationServiceServer::new(authorization::AuthorizationApi::new(
         authorizer,
         Arc::clone(&ledger),
+        mcp_mapping,
     ));
     // Open watch streams would hold a graceful shutdown forever: they end
     // (with UNAVAILABLE, so clients watch again elsewhere) once it starts.
@@ -192,12 +200,19 @@ pub async fn serve(
         .await;
     let probe = tokio::spawn(follow_store(store_answers, reporter.clone()));
 
-    let routes = Routes::new(health)
+    let grpc_routes = Routes::new(health)
         .add_service(reflection)
         .add_service(authorization)
         .add_service(approvals)
         .add_service(ledger)
         .add_service(policy);
+    // The AuthZEN door's HTTP routes beside the gRPC services, behind the
+    // same layers (admission included).
+    let routes = Routes::from(
+        grpc_routes
+            .into_axum_router()
+            .merge(crate::authzen::desk::router(authzen)),
+    );
 
     let drain = options.drain;
     let probe_stop = probe.abort_handle();
