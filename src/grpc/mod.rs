@@ -13,6 +13,7 @@ mod health;
 mod ledger;
 mod listen;
 mod policy;
+mod web;
 
 pub use listen::{ListenError, bind_unix};
 
@@ -297,8 +298,9 @@ enum Incoming {
     Unix(UnixListenerStream),
 }
 
-/// The server on one incoming stream: CORS, then gRPC-Web, then the access
-/// layer, in front of every route.
+/// The server on one incoming stream: CORS, then gRPC-Web (except for the
+/// AuthZEN door's plain HTTP), then the access layer, in front of every
+/// route.
 async fn run<I, IO>(
     incoming: I,
     routes: Routes,
@@ -321,7 +323,7 @@ where
     builder
         .accept_http1(true)
         .layer(cors(&options.cors_origins)?)
-        .layer(tonic_web::GrpcWebLayer::new())
+        .layer(web::GrpcWebExceptDoorLayer)
         .layer(admission::AccessLayer::new(
             options.access.clone(),
             &options.cors_origins,

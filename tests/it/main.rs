@@ -15,6 +15,7 @@ mod approvals;
 mod architecture;
 mod audit;
 mod authorize;
+mod authzen;
 mod cli;
 mod decoding_path;
 mod ledger;
