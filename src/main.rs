@@ -558,10 +558,7 @@ fn mcp_schema(
     )?;
     let engine = load_or_report(&config.policies)?;
     let Some(contract) = engine.tools().get(tool) else {
-        eprintln!(
-            "error: no tool `{tool}` in {}",
-            config.policies.display()
-        );
+        eprintln!("error: no tool `{tool}` in {}", config.policies.display());
         return Ok(ExitCode::FAILURE);
     };
     let mapping = toolgate::authzen::declared_mapping(&config.authzen, &config.verifier.claims);

@@ -336,11 +336,7 @@ impl AuthzenDesk {
             let entry = super::parse_evaluation(&body, &self.config, self.transport(&incoming))
                 .map_err(Refused::bad_request)?;
             let outcome = self.decide(&entry).await?;
-            Ok::<_, Refused>(decision_json(
-                &outcome,
-                entry.arguments_sent,
-                &self.config,
-            ))
+            Ok::<_, Refused>(decision_json(&outcome, entry.arguments_sent, &self.config))
         }
         .await;
         let response = match answer {
@@ -384,11 +380,7 @@ impl AuthzenDesk {
                 )));
             };
             let outcome = self.decide(&entry).await?;
-            return Ok(decision_json(
-                &outcome,
-                entry.arguments_sent,
-                &self.config,
-            ));
+            return Ok(decision_json(&outcome, entry.arguments_sent, &self.config));
         }
         for entry in entries.iter().flatten() {
             self.authorizer

@@ -66,7 +66,11 @@ pub fn declared_mapping(config: &AuthzenConfig, claims: &ClaimNames) -> Value {
     put(&mut e, "/action/name", "tools/call".into());
     put(&mut e, "/resource/type", tool_type.into());
     put(&mut e, "/resource/id", "$params.name".into());
-    put(&mut e, &config.subject, claim(&claims.subject, false).into());
+    put(
+        &mut e,
+        &config.subject,
+        claim(&claims.subject, false).into(),
+    );
     put(&mut e, &config.tenant, claim(&claims.tenant, false).into());
     put(&mut e, &config.roles, claim(&claims.roles, true).into());
     put(&mut e, &config.scopes, claim(&claims.scope, true).into());

@@ -21,7 +21,9 @@ mod request;
 mod response;
 
 pub use mapping::{declared_mapping, mcp_input_schema};
-pub use request::{Batch, Entry, Refusal, Semantic, Transport, parse_evaluation, parse_evaluations};
+pub use request::{
+    Batch, Entry, Refusal, Semantic, Transport, parse_evaluation, parse_evaluations,
+};
 pub use response::{decision_context, decision_json, metadata};
 
 /// Where §11.1's mapping reads each field of an AuthZEN request, and how

@@ -135,10 +135,7 @@ pub fn metadata(base: &str, config: &AuthzenConfig, action_search: bool) -> Valu
     }
     if let Some(endpoint) = &config.access_request_endpoint {
         m.insert("access_request_endpoint".into(), endpoint.clone().into());
-        m.insert(
-            "capabilities".into(),
-            json!([ACCESS_REQUEST_CAPABILITY]),
-        );
+        m.insert("capabilities".into(), json!([ACCESS_REQUEST_CAPABILITY]));
     }
     Value::Object(m)
 }

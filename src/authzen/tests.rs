@@ -18,7 +18,8 @@ fn transport(tenants: &TenantScope, required: bool) -> Transport<'_> {
 fn call(tool: &str, tenant: Option<&str>) -> Value {
     let mut subject = json!({"type": "identity", "id": "bob"});
     if let Some(t) = tenant {
-        subject["properties"] = json!({"tenant": t, "roles": ["support_agent"], "scopes": "orders:read orders:refund"});
+        subject["properties"] =
+            json!({"tenant": t, "roles": ["support_agent"], "scopes": "orders:read orders:refund"});
     }
     json!({
         "subject": subject,
@@ -70,7 +71,10 @@ fn arguments_in_context_and_none_at_all() {
     assert_eq!(e.input.arguments, b"{}");
     assert!(!e.arguments_sent);
     // No request id: a fresh operation each time.
-    body["context"].as_object_mut().unwrap().remove("request_id");
+    body["context"]
+        .as_object_mut()
+        .unwrap()
+        .remove("request_id");
     let a = parse_evaluation(&body, &AuthzenConfig::default(), transport(&any, false)).unwrap();
     let b = parse_evaluation(&body, &AuthzenConfig::default(), transport(&any, false)).unwrap();
     assert!(a.input.request_id.starts_with("authzen-"));
@@ -219,4 +223,95 @@ fn the_declared_mapping_follows_the_pointers_and_claims() {
         schema,
         json!({"type": "object", "x-authzen-mapping": {"evaluation": {}}})
     );
+}
+
+fn outcome(decision: crate::decision::Decision) -> crate::decision::AuthorizeOutcome {
+    crate::decision::AuthorizeOutcome {
+        decision,
+        decision_id: "d-1".into(),
+        call_id: String::new(),
+        normalized_arguments: "{}".into(),
+        arguments_sha256: "ab".into(),
+        idempotency_key: "t:cd".into(),
+        conflict_key: String::new(),
+        risk: Some(crate::tools::Risk::Write),
+        timeout_ms: 900,
+        parallel: false,
+        idempotent: false,
+        approval: None,
+        error: None,
+        policy_version: String::new(),
+        tool_version: String::new(),
+        policies: Vec::new(),
+        principal: None,
+    }
+}
+
+#[test]
+fn approval_outcomes_name_their_approval() {
+    use crate::decision::Decision;
+    use crate::envelope::{Envelope, ErrorCode};
+    let config = AuthzenConfig {
+        access_request_endpoint: Some("https://ar.example.com".into()),
+        ..AuthzenConfig::default()
+    };
+    // Pending and rejected (§11.3) carry the approval in the envelope.
+    for code in [ErrorCode::ApprovalPending, ErrorCode::ApprovalRejected] {
+        let mut o = outcome(Decision::Deny);
+        o.error = Some(Envelope::new(code, "m").with("approval_id", "ap-9"));
+        let v = decision_json(&o, true, &config);
+        assert_eq!(v["decision"], false);
+        assert_eq!(v["context"]["reason"], code.as_str());
+        assert_eq!(v["context"]["approval_id"], "ap-9");
+        assert!(v["context"].get("access_request").is_none());
+    }
+    // Required: the approval it opened, and the requestable denial.
+    let mut o = outcome(Decision::ApprovalRequired);
+    o.approval = Some(("ap-1".into(), 1_767_225_600_000));
+    o.error = Some(Envelope::new(ErrorCode::ApprovalRequired, "m").with("approval_id", "ap-1"));
+    let v = decision_json(&o, true, &config);
+    assert_eq!(v["context"]["approval_id"], "ap-1");
+    assert_eq!(
+        v["context"]["access_request"],
+        json!({
+            "endpoint": "https://ar.example.com",
+            "template": "toolgate:write",
+            "expires_at": "2026-01-01T00:00:00Z",
+            "display": {
+                "title": "Approval required",
+                "description": "This call waits for a human approval: approval ap-1 is pending. Once an approver approves it, the same call is allowed.",
+            },
+        })
+    );
+    // No Access Request endpoint: the profile forbids the object.
+    let v = decision_json(&o, true, &AuthzenConfig::default());
+    assert!(v["context"].get("access_request").is_none());
+    assert_eq!(v["context"]["approval_id"], "ap-1");
+    // Allowed: no reason at all.
+    let v = decision_json(&outcome(Decision::Allow), true, &config);
+    assert_eq!(
+        v,
+        json!({"decision": true, "context": {"evaluation_id": "d-1",
+            "idempotency_key": "t:cd", "arguments_sha256": "ab", "timeout_ms": 900}})
+    );
+}
+
+#[test]
+fn missing_arguments_are_named_in_a_schema_violation() {
+    use crate::decision::Decision;
+    use crate::envelope::{Envelope, ErrorCode};
+    let mut o = outcome(Decision::Deny);
+    o.error = Some(Envelope::new(
+        ErrorCode::SchemaViolation,
+        "`query` is required",
+    ));
+    let sent = decision_json(&o, true, &AuthzenConfig::default());
+    let unsent = decision_json(&o, false, &AuthzenConfig::default());
+    let details = |v: &Value| {
+        serde_json::from_str::<Value>(v["context"]["reason_user"].as_str().unwrap()).unwrap()
+            ["error"]["details"]
+            .clone()
+    };
+    assert_eq!(details(&sent), Value::Null);
+    assert_eq!(details(&unsent), json!({"arguments": "not_sent"}));
 }

@@ -105,8 +105,8 @@ mod tests;
 
 use raw::RawConfig;
 use sections::{
-    access_policy, audit_config, authzen_config, ledger_config, rate_limits, reload_triggers, store_settings,
-    verifier_config,
+    access_policy, audit_config, authzen_config, ledger_config, rate_limits, reload_triggers,
+    store_settings, verifier_config,
 };
 use sources::{env_table, merge, read};
 

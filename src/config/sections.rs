@@ -259,7 +259,7 @@ fn grant_tenants(
         ServiceName::Authzen,
     ]
     .iter()
-        .any(|s| services.contains(s));
+    .any(|s| services.contains(s));
     let Some(tenants) = tenants else {
         if executes {
             return Err(invalid(
@@ -459,15 +459,16 @@ pub(super) fn authzen_config(raw: RawAuthzen) -> Result<AuthzenConfig, ConfigErr
         request_id: many("authzen.request_id", raw.request_id, d.request_id)?,
         approval_id: one("authzen.approval_id", raw.approval_id, d.approval_id)?,
         identity_token_header: header,
-        policy_decision_point: url(
-            "authzen.policy_decision_point",
-            raw.policy_decision_point,
-        )?,
+        policy_decision_point: url("authzen.policy_decision_point", raw.policy_decision_point)?,
         access_request_endpoint: url(
             "authzen.access_request_endpoint",
             raw.access_request_endpoint,
         )?,
-        max_body_bytes: positive("authzen.max_body_bytes", raw.max_body_bytes, d.max_body_bytes)?,
+        max_body_bytes: positive(
+            "authzen.max_body_bytes",
+            raw.max_body_bytes,
+            d.max_body_bytes,
+        )?,
         max_evaluations: positive(
             "authzen.max_evaluations",
             raw.max_evaluations,

@@ -17,9 +17,7 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::access::{
-    AccessPolicy, PeerIdentity, ServiceName, Target, TenantScope, target_of_path,
-};
+use crate::access::{AccessPolicy, PeerIdentity, ServiceName, Target, TenantScope, target_of_path};
 use crate::metrics::Metrics;
 
 /// The [`PeerIdentity`] of a connection, from what tonic recorded of it.

@@ -103,12 +103,10 @@ async fn send(
                 sender.send_request(request).await.unwrap()
             }
             Version::H2 => {
-                let (mut sender, conn) = hyper::client::conn::http2::handshake(
-                    hyper_util::rt::TokioExecutor::new(),
-                    io,
-                )
-                .await
-                .unwrap();
+                let (mut sender, conn) =
+                    hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                        .await
+                        .unwrap();
                 tokio::spawn(conn);
                 sender.send_request(request).await.unwrap()
             }
@@ -239,7 +237,13 @@ fn events_of<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
 }
 
 /// An evaluation of `tool` with `arguments` by `subject` of acme.
-fn evaluation(subject: &str, roles: &[&str], scopes: &[&str], tool: &str, arguments: Value) -> Value {
+fn evaluation(
+    subject: &str,
+    roles: &[&str],
+    scopes: &[&str],
+    tool: &str,
+    arguments: Value,
+) -> Value {
     json!({
         "subject": {"type": "identity", "id": subject,
             "properties": {"tenant": "acme", "roles": roles, "scopes": scopes}},
@@ -250,7 +254,13 @@ fn evaluation(subject: &str, roles: &[&str], scopes: &[&str], tool: &str, argume
 }
 
 fn search(scopes: &[&str]) -> Value {
-    evaluation("bob", &[], scopes, "search_docs", json!({"query": "refunds"}))
+    evaluation(
+        "bob",
+        &[],
+        scopes,
+        "search_docs",
+        json!({"query": "refunds"}),
+    )
 }
 
 fn wire(amount_cents: u64) -> Value {
@@ -366,14 +376,9 @@ async fn allow_deny_and_approval_required_over_http1_and_h2() {
         );
 
         // Denied: no scope; no policy permits, so no reason is shown.
-        let denied = post(
-            server.addr,
-            version,
-            EVALUATION,
-            &search(&[]).to_string(),
-        )
-        .await
-        .json();
+        let denied = post(server.addr, version, EVALUATION, &search(&[]).to_string())
+            .await
+            .json();
         schemas.decision_ok(&denied);
         assert_eq!(denied["decision"], false);
         assert_eq!(denied["context"]["reason"], "forbidden");
@@ -414,11 +419,8 @@ async fn allow_deny_and_approval_required_over_http1_and_h2() {
         assert_eq!(access_request["template"], "toolgate:financial");
         let expires_at = access_request["expires_at"].as_str().unwrap();
         assert!(
-            time::OffsetDateTime::parse(
-                expires_at,
-                &time::format_description::well_known::Rfc3339
-            )
-            .is_ok(),
+            time::OffsetDateTime::parse(expires_at, &time::format_description::well_known::Rfc3339)
+                .is_ok(),
             "{expires_at}"
         );
         assert_eq!(
@@ -604,8 +606,17 @@ async fn the_spec_examples_are_answered_in_the_spec_shape() {
                 answer.text(),
                 "resource type `account` is not a tool (expected `tool` or `mcp_tool`)"
             );
-            let single = post(server.addr, Version::Http1, EVALUATION, &request.to_string()).await;
-            assert_eq!((single.status, single.text()), (answer.status, answer.text()));
+            let single = post(
+                server.addr,
+                Version::Http1,
+                EVALUATION,
+                &request.to_string(),
+            )
+            .await;
+            assert_eq!(
+                (single.status, single.text()),
+                (answer.status, answer.text())
+            );
             answered.push("single");
             continue;
         };
@@ -713,7 +724,9 @@ async fn strictness_refuses_the_whole_body_with_a_message() {
             &[("content-type", "application/json")],
             surrogate,
             400,
-            format!("the request body is not accepted: invalid json at byte {sur_at}: lone_surrogate"),
+            format!(
+                "the request body is not accepted: invalid json at byte {sur_at}: lone_surrogate"
+            ),
             "lone_surrogate",
         ),
         (
@@ -773,13 +786,20 @@ async fn strictness_refuses_the_whole_body_with_a_message() {
     ];
     let mut refusals = 0;
     for version in VERSIONS {
-        for (i, (method, path, headers, body, status, message, reason)) in
-            cases.iter().enumerate()
+        for (i, (method, path, headers, body, status, message, reason)) in cases.iter().enumerate()
         {
             let id = format!("strict-{version:?}-{i}");
             let mut headers = headers.to_vec();
             headers.push(("x-request-id", id.as_str()));
-            let answer = send(server.addr, version, method, path, &headers, body.as_bytes()).await;
+            let answer = send(
+                server.addr,
+                version,
+                method,
+                path,
+                &headers,
+                body.as_bytes(),
+            )
+            .await;
             assert_eq!(
                 (answer.status, answer.text()),
                 (*status, message.clone()),
@@ -826,7 +846,13 @@ async fn a_call_without_a_tenant_is_refused_unless_one_is_configured() {
         .as_object_mut()
         .unwrap()
         .remove("tenant");
-    let answer = post(server.addr, Version::Http1, EVALUATION, &request.to_string()).await;
+    let answer = post(
+        server.addr,
+        Version::Http1,
+        EVALUATION,
+        &request.to_string(),
+    )
+    .await;
     assert_eq!(
         (answer.status, answer.text()),
         (
@@ -910,9 +936,14 @@ async fn with_required_tokens_the_principal_is_the_tokens() {
     // No token at all: not allowed, whatever the body says.
     let mut claimed = body.clone();
     claimed["subject"]["properties"] = json!({"tenant": "acme", "roles": ["treasury"]});
-    let answer = post(server.addr, Version::Http1, EVALUATION, &claimed.to_string())
-        .await
-        .json();
+    let answer = post(
+        server.addr,
+        Version::Http1,
+        EVALUATION,
+        &claimed.to_string(),
+    )
+    .await
+    .json();
     assert_eq!(answer["decision"], false);
     assert_eq!(answer["context"]["reason"], "unauthorized");
     assert_eq!(answer["context"]["reason_user"], unauthorized);
@@ -1106,7 +1137,11 @@ async fn list_tools_and_mcp_schema_publish_the_declared_mapping() {
         .arg(policies())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
     let contract: Value = serde_json::from_str(
         &std::fs::read_to_string(policies().join("tools/wire_funds.json")).unwrap(),
