@@ -676,6 +676,18 @@ async fn the_spec_examples_are_answered_in_the_spec_shape() {
     );
 }
 
+/// One request of the strictness table: method, path, headers, body; the
+/// status, message and audited reason it gets.
+type Case = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    String,
+    u16,
+    String,
+    &'static str,
+);
+
 /// A duplicate key, a lone surrogate, an oversized body, a wrong content
 /// type and method: each a 400 (405) with its message, audited as a
 /// refused request, the request id echoed, nothing decided.
@@ -695,7 +707,7 @@ async fn strictness_refuses_the_whole_body_with_a_message() {
         1,
     );
     let nested_at = nested_duplicate.find(r#""query":"all""#).unwrap();
-    let cases: Vec<(&str, &str, &[(&str, &str)], String, u16, String, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "POST",
             EVALUATION,
