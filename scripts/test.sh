@@ -21,7 +21,8 @@
 #
 # Then it sets up what the tests use (a Python virtualenv .venv with
 # clients/python/requirements.txt for the Python executor tests, run by
-# pytest; clients/node's npm packages from its lock file for the Node.js
+# pytest, and clients/mcp/requirements.txt for the MCP gateway tests: an MCP
+# server, its AuthZEN enforcement point and an MCP client; clients/node's npm packages from its lock file for the Node.js
 # executor and gRPC-Web tests) and runs every Rust test (benches are compiled
 # by clippy in .ci/run, never run here). The other arguments go to cargo test.
 set -euo pipefail
@@ -156,7 +157,8 @@ fi
 
 if $have_python; then
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r clients/python/requirements.txt
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    -r clients/python/requirements.txt -r clients/mcp/requirements.txt
   TOOLGATE_PYTHON="$PWD/$venv/bin/python"
   export TOOLGATE_PYTHON
 fi

@@ -15,7 +15,7 @@ use crate::decode::Limits;
 
 pub use outcome::{AuthorizeInput, AuthorizeOutcome, Decision, Door};
 pub(crate) use pipeline::AuthorizerParts;
-pub use pipeline::ToolCallAuthorizer;
+pub use pipeline::{CallableTools, ToolCallAuthorizer};
 pub use schedule::{ScheduleItem, schedule};
 
 /// The default size cap of `entities_json` (2 MiB): twice the arguments'

@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use super::AuthorizerConfig;
 use super::outcome::{AuthorizeInput, AuthorizeOutcome, Decision};
+use crate::access::TenantScope;
 use crate::approvals::{
     self, ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval,
 };
@@ -62,6 +63,14 @@ pub struct ToolCallAuthorizer {
     metrics: Arc<Metrics>,
     limits: Arc<RateLimits>,
     principals: Principals,
+}
+
+/// The tools a principal could be allowed to call, and the policy set that said so.
+#[derive(Debug, Clone)]
+pub struct CallableTools {
+    /// In name order.
+    pub tools: Vec<Arc<ToolContract>>,
+    pub policy_version: String,
 }
 
 /// What the pipeline knows of a call after hashing: shared by every answer from there on.
@@ -156,6 +165,54 @@ impl ToolCallAuthorizer {
             self.clock.now_ms(),
             &input.tenants,
         )
+    }
+
+    /// The tools a principal could be allowed to call under the live policy
+    /// set (DESIGN §11.4), in name order: the principal established and its
+    /// tenant checked exactly as for [`Self::authorize`] (the auth context,
+    /// or the verified identity token when the deployment requires one;
+    /// its tenant one of `tenants`). A tool is left out only when every
+    /// call of it would be denied for this principal; a tool whose calls
+    /// need an approval is in. Nothing is decided, counted or audited.
+    ///
+    /// `Ok(Err(envelope))` is `unauthorized` (the principal could not be
+    /// established, `details.reason` says why) or `internal_error` (the
+    /// policy set could not answer; a bug).
+    ///
+    /// # Errors
+    /// [`RequestError::Invalid`] without an auth context (or, where tokens
+    /// are not required, one naming no subject or tenant);
+    /// [`RequestError::TenantNotGranted`] for a principal of a tenant
+    /// outside `tenants`.
+    pub fn callable_tools(
+        &self,
+        caller: Option<&Caller>,
+        identity_token: &str,
+        tenants: &TenantScope,
+    ) -> Result<Result<CallableTools, Envelope>, RequestError> {
+        let engine = self.engine.load_full();
+        let caller = match self.principals.resolve_within(
+            caller,
+            identity_token,
+            self.clock.now_ms(),
+            tenants,
+        )? {
+            Ok(caller) => caller,
+            Err(envelope) => return Ok(Err(envelope)),
+        };
+        Ok(match engine.callable_tools(&caller) {
+            Ok(tools) => Ok(CallableTools {
+                tools,
+                policy_version: engine.version().to_owned(),
+            }),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot compute the tools a principal may call");
+                Err(Envelope::new(
+                    ErrorCode::InternalError,
+                    "the tools this caller may call could not be computed",
+                ))
+            }
+        })
     }
 
     /// Every executor error [`Self::authorize`] could answer for `input`,

@@ -63,7 +63,7 @@ pub enum DecideError {
     Request(String),
 }
 
-fn uid(ty: &str, id: &str) -> Result<EntityUid, DecideError> {
+pub(super) fn uid(ty: &str, id: &str) -> Result<EntityUid, DecideError> {
     let ty = match ty {
         "User" | "Tenant" | "Tool" | "Action" => GENERATED_TYPES
             .iter()
@@ -197,24 +197,7 @@ impl PolicyEngine {
         action: &EntityUid,
     ) -> Result<Entities, DecideError> {
         let base = self.static_entities.for_action(action);
-        let roles = caller
-            .roles
-            .iter()
-            .map(|r| RestrictedExpression::new_string(r.clone()));
-        let attrs = HashMap::from([
-            (
-                "tenant".to_owned(),
-                RestrictedExpression::new_entity_uid(tenant.clone()),
-            ),
-            ("roles".to_owned(), RestrictedExpression::new_set(roles)),
-        ]);
-        let user = Entity::new(principal.clone(), attrs, HashSet::from([tenant.clone()]))
-            .map_err(|e| DecideError::Request(e.to_string()))?;
-        let tenant_entity = Entity::new_no_attrs(tenant.clone(), HashSet::new());
-        let mut extra = vec![user];
-        if base.get(tenant).is_none() {
-            extra.push(tenant_entity);
-        }
+        let mut extra = principal_entities(caller, base, principal, tenant)?;
         if let Some(json) = supplied_json {
             let Value::Array(items) = json else {
                 return Err(DecideError::Entities(
@@ -244,6 +227,34 @@ impl PolicyEngine {
         }
         with_entities(base, &self.schema, principal, extra)
     }
+}
+
+/// The principal (its tenant and roles from the caller only, a member of its
+/// tenant) first, then its tenant when `base` does not hold it.
+pub(super) fn principal_entities(
+    caller: &Caller,
+    base: &Entities,
+    principal: &EntityUid,
+    tenant: &EntityUid,
+) -> Result<Vec<Entity>, DecideError> {
+    let roles = caller
+        .roles
+        .iter()
+        .map(|r| RestrictedExpression::new_string(r.clone()));
+    let attrs = HashMap::from([
+        (
+            "tenant".to_owned(),
+            RestrictedExpression::new_entity_uid(tenant.clone()),
+        ),
+        ("roles".to_owned(), RestrictedExpression::new_set(roles)),
+    ]);
+    let user = Entity::new(principal.clone(), attrs, HashSet::from([tenant.clone()]))
+        .map_err(|e| DecideError::Request(e.to_string()))?;
+    let mut extra = vec![user];
+    if base.get(tenant).is_none() {
+        extra.push(Entity::new_no_attrs(tenant.clone(), HashSet::new()));
+    }
+    Ok(extra)
 }
 
 /// `base` plus `extra`, checked against the schema; none of `extra` may be

@@ -12,6 +12,7 @@ use cedar_policy::{
 use miette::Diagnostic;
 use sha2::{Digest, Sha256};
 
+use super::callable::CallableIndex;
 use super::diagnostic::codes;
 use super::reach::RequestBases;
 use super::schema::{GENERATED_ENTITY_TYPES, core_fragment, tool_actions_fragment};
@@ -393,6 +394,9 @@ impl PolicyEngine {
         let static_entities = RequestBases::build(static_entities, &action_entities, &policies)
             .map_err(|e| LoadErrors::one(dir, SourceDiagnostic::whole_file(dir, e.to_string())))?;
 
+        let callable = CallableIndex::build(&tools, &policies, &static_entities)
+            .map_err(|e| LoadErrors::one(dir, SourceDiagnostic::whole_file(dir, e.to_string())))?;
+
         hashed.extend(sources);
         let version = version_of(dir, &hashed);
         Ok(Self {
@@ -400,6 +404,7 @@ impl PolicyEngine {
             schema,
             policies,
             static_entities,
+            callable,
             schema_text,
             version,
             warnings,

@@ -21,6 +21,7 @@
 //!   action scope can match (see the `INVARIANT` in `slice.rs`): slicing
 //!   never changes a decision, its determining policies or its errors.
 
+mod callable;
 mod decide;
 mod diagnostic;
 mod load;
@@ -36,6 +37,7 @@ mod watch;
 #[cfg(test)]
 mod cedar_conformance_tests;
 
+pub use callable::{HiddenReason, ToolReach};
 pub use decide::{DecideError, PolicyDecision, ToolCall};
 pub use diagnostic::{Severity, SourceDiagnostic, codes, line_column};
 pub use load::{LoadErrors, PolicyLoadError};
@@ -44,6 +46,7 @@ pub use watch::{ReloadTriggers, start_reloads};
 
 use cedar_policy::Schema;
 
+use self::callable::CallableIndex;
 use self::reach::RequestBases;
 use self::slice::PolicySlices;
 
@@ -57,6 +60,8 @@ pub struct PolicyEngine {
     policies: PolicySlices,
     /// The static entities, and per action the part a request can reach.
     static_entities: RequestBases,
+    /// Per tool, what "which tools may this principal call" needs (§11.4).
+    callable: CallableIndex,
     schema_text: String,
     version: String,
     warnings: Vec<SourceDiagnostic>,

@@ -86,6 +86,11 @@ impl RequestBases {
         Ok(Self { by_action, all })
     }
 
+    /// Every static entity (the deployment's file, every action and `Tool`).
+    pub(super) fn all(&self) -> &Entities {
+        &self.all
+    }
+
     /// The base of a request on `action`.
     pub(super) fn for_action(&self, action: &EntityUid) -> &Entities {
         self.by_action.get(action).unwrap_or(&self.all)

@@ -166,6 +166,53 @@ pub(crate) fn evaluate_set(
     }
 }
 
+/// What Cedar's partial evaluation answered for a request with unknowns
+/// (DESIGN §11.4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PartialEvaluation {
+    /// `Some` when the answer is the same whatever the unknowns are.
+    pub(crate) decision: Option<Decision>,
+    /// Forbid policies that hold whatever the unknowns are, sorted.
+    pub(crate) forbids: Vec<String>,
+    /// Policies that fail to evaluate whatever the unknowns are, sorted.
+    pub(crate) errors: Vec<String>,
+    /// Whether any policy's answer depends on the unknowns.
+    pub(crate) residual: bool,
+}
+
+/// Partially evaluates `request` (on `action`, with unknowns) against the
+/// slice of `action`: the one place toolgate calls Cedar's partial
+/// authorizer. Slicing changes nothing here either: a policy left out of
+/// the slice has an action scope that is false for `action`, a known
+/// value, so it is neither satisfied, nor residual, nor in error.
+pub(crate) fn evaluate_partial(
+    slices: &PolicySlices,
+    action: &EntityUid,
+    request: &Request,
+    entities: &Entities,
+) -> PartialEvaluation {
+    let response =
+        Authorizer::new().is_authorized_partial(request, slices.for_action(action), entities);
+    let mut forbids: Vec<String> = response
+        .definitely_satisfied()
+        .filter(|p| p.effect() == cedar_policy::Effect::Forbid)
+        .map(|p| p.id().to_string())
+        .collect();
+    forbids.sort();
+    let mut errors: Vec<String> = response
+        .definitely_errored()
+        .map(ToString::to_string)
+        .collect();
+    errors.sort();
+    errors.dedup();
+    PartialEvaluation {
+        decision: response.decision(),
+        forbids,
+        errors,
+        residual: response.nontrivial_residuals().next().is_some(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::str::FromStr;

@@ -697,12 +697,39 @@ impl Tree {
         }
     }
 
-    /// A `#[cfg(test)] mod x;`: its file, remembered as a test's.
+    /// A `#[cfg(test)] mod x;`: its file, remembered as a test's. A test
+    /// module may name its file with `#[path = "x_tests.rs"]` (a sibling
+    /// of the file declaring it, as rustc reads a path in a file-backed
+    /// module), so a leaf module keeps its tests beside it without
+    /// becoming a folder.
     fn skip_test_module(&mut self, module: usize, decl: &syn::ItemMod) {
-        if decl.content.is_none() {
-            let file = self.module_file(module, &decl.ident.to_string());
-            self.test_files.push(file);
+        if decl.content.is_some() {
+            return;
         }
+        let named = decl.attrs.iter().find_map(|a| match &a.meta {
+            syn::Meta::NameValue(nv) if nv.path.is_ident("path") => match &nv.value {
+                syn::Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(s),
+                    ..
+                }) => Some(s.value()),
+                _ => None,
+            },
+            _ => None,
+        });
+        let file = match named {
+            Some(relative) => {
+                let declaring = &self.modules[self.modules[module].file_node].path_on_disk;
+                let file = declaring.parent().unwrap().join(relative);
+                assert!(
+                    file.exists(),
+                    "`#[path]` test module: no `{}`",
+                    file.display()
+                );
+                file
+            }
+            None => self.module_file(module, &decl.ident.to_string()),
+        };
+        self.test_files.push(file);
     }
 
     fn module_file(&self, module: usize, name: &str) -> PathBuf {

@@ -1,0 +1,352 @@
+//! Which tools a principal could be allowed to call (DESIGN §11.4): Cedar
+//! partial evaluation of each tool's action with the principal known and
+//! the resource, the executor's entities and `context.input` (the
+//! arguments) unknown.
+//!
+//! A tool is hidden only when every call of it must be denied for this
+//! principal; a residual (an answer that depends on the unknowns) is
+//! "could be allowed". The approval-required rule (DESIGN §3.3) is
+//! followed: a call is evaluated with `context.approved = false`, and, if
+//! that is a definite deny, again with `true`, so a tool whose calls need a
+//! human's yes is shown.
+//!
+//! What is unknown, and why it is sound:
+//! - the resource: unknown, of the contract's type (a tool without a
+//!   resource has the known `Tool::"<name>"`, as every decision does);
+//! - every entity that is not static: the store is partial, so looking up
+//!   one the executor (or the entity store) would supply is a residual,
+//!   never an error;
+//! - `context.input`: unknown as a whole. `scopes`, `risk`, `agent`,
+//!   `session` and the principal entity (tenant, roles, member of its
+//!   tenant) are what the caller's decisions would see, and the supplied
+//!   entities can never change the principal or a static entity.
+//!
+//! Cedar's partial evaluator (feature `partial-eval`, experimental) is used
+//! rather than its type-aware successor (`tpe`), whose requests take a
+//! context that is either wholly known or wholly unknown: with the scopes
+//! unknown, every scope-gated tool would be shown to everyone.
+//!
+//! Cost: per policy load, each tool's action, resource and what the
+//! policies settle whoever asks (a partial evaluation with the principal,
+//! scopes, agent and session unknown too) are computed once; a request
+//! evaluates only the tools that depend on the principal, on one entity
+//! store built for it.
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use cedar_policy::{
+    Context, Decision, Entities, EntityTypeName, EntityUid, Request, RestrictedExpression,
+};
+
+use super::PolicyEngine;
+use super::decide::{DecideError, principal_entities, uid};
+use super::reach::RequestBases;
+use super::slice::{PartialEvaluation, PolicySlices, evaluate_partial};
+use crate::identity::Caller;
+use crate::tools::{ToolContract, ToolRegistry};
+
+/// Whether a principal could be allowed to call one tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolReach {
+    /// Some call of it could be allowed, or answered approval-required.
+    Callable,
+    /// Every call of it is denied for this principal, whatever the
+    /// arguments, the resource and its entities.
+    Hidden(HiddenReason),
+}
+
+/// Why every call of a tool is denied for a principal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HiddenReason {
+    /// No permit policy can hold, with or without an approval.
+    NoPermit,
+    /// These forbid policies hold whatever the call, even with an approval.
+    Forbidden { policies: Vec<String> },
+    /// These policies fail to evaluate whatever the call: every call is a
+    /// `policy_error` (fail closed).
+    Errors { policies: Vec<String> },
+}
+
+/// What partial evaluation settled about one tool.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// The same for every value of the unknowns.
+    Settled(ToolReach),
+    /// Depends on the unknowns.
+    Open,
+}
+
+/// Who asks: one caller, or anyone (at load, to settle what does not
+/// depend on the principal).
+#[derive(Clone, Copy)]
+enum Who<'a> {
+    Anyone,
+    Caller(&'a Caller, &'a EntityUid),
+}
+
+/// The resource of a tool's requests.
+#[derive(Debug)]
+enum Resource {
+    /// `Tool::"<name>"`, for a tool without a resource.
+    Known(EntityUid),
+    /// Unknown, of the contract's resource type.
+    OfType(EntityTypeName),
+}
+
+/// One tool, ready to be asked about.
+#[derive(Debug)]
+struct ToolQuery {
+    tool: Arc<ToolContract>,
+    action: EntityUid,
+    resource: Resource,
+    /// `Some(shown)` when the policies settle it whoever asks.
+    settled: Option<bool>,
+}
+
+/// Per policy load: every tool's query, in name order.
+#[derive(Debug)]
+pub(super) struct CallableIndex {
+    tools: Vec<ToolQuery>,
+}
+
+impl CallableIndex {
+    /// The queries of every tool in `tools`, and what the policies settle
+    /// about each whoever asks.
+    ///
+    /// # Errors
+    /// [`DecideError::Request`] if a request cannot be built (a bug: the
+    /// names come from a loaded schema).
+    pub(super) fn build(
+        tools: &ToolRegistry,
+        policies: &PolicySlices,
+        entities: &RequestBases,
+    ) -> Result<Self, DecideError> {
+        let anyone = entities.all().clone().partial();
+        let mut queries = Vec::new();
+        for tool in tools.iter().filter_map(|t| tools.get(&t.name)) {
+            let resource = match &tool.resource {
+                Some(r) => Resource::OfType(
+                    EntityTypeName::from_str(&r.entity_type)
+                        .map_err(|e| DecideError::Request(e.to_string()))?,
+                ),
+                None => Resource::Known(uid("Tool", &tool.name)?),
+            };
+            let mut query = ToolQuery {
+                tool: Arc::clone(tool),
+                action: uid("Action", &tool.name)?,
+                resource,
+                settled: None,
+            };
+            query.settled = match query.verdict(Who::Anyone, policies, &anyone)? {
+                Verdict::Settled(reach) => Some(reach == ToolReach::Callable),
+                Verdict::Open => None,
+            };
+            queries.push(query);
+        }
+        Ok(Self { tools: queries })
+    }
+}
+
+impl ToolQuery {
+    /// Partial evaluation of this tool's requests for `who`, after DESIGN
+    /// §3.3: without an approval; when that is a definite deny, with one.
+    fn verdict(
+        &self,
+        who: Who<'_>,
+        policies: &PolicySlices,
+        entities: &Entities,
+    ) -> Result<Verdict, DecideError> {
+        let evaluate = |approved: bool| -> Result<PartialEvaluation, DecideError> {
+            let request = self.request(who, approved)?;
+            Ok(evaluate_partial(policies, &self.action, &request, entities))
+        };
+        let without = evaluate(false)?;
+        if !without.errors.is_empty() {
+            return Ok(Verdict::Settled(ToolReach::Hidden(HiddenReason::Errors {
+                policies: without.errors,
+            })));
+        }
+        match without.decision {
+            Some(Decision::Allow) if !without.residual => {
+                return Ok(Verdict::Settled(ToolReach::Callable));
+            }
+            Some(Decision::Deny) => {}
+            _ => return Ok(Verdict::Open),
+        }
+        let with = evaluate(true)?;
+        if !with.errors.is_empty() {
+            return Ok(Verdict::Settled(ToolReach::Hidden(HiddenReason::Errors {
+                policies: with.errors,
+            })));
+        }
+        Ok(match with.decision {
+            Some(Decision::Deny) => {
+                Verdict::Settled(ToolReach::Hidden(if with.forbids.is_empty() {
+                    HiddenReason::NoPermit
+                } else {
+                    HiddenReason::Forbidden {
+                        policies: with.forbids,
+                    }
+                }))
+            }
+            // Every call is the same: denied without an approval (no
+            // error), allowed with one.
+            Some(Decision::Allow) if !without.residual && !with.residual => {
+                Verdict::Settled(ToolReach::Callable)
+            }
+            _ => Verdict::Open,
+        })
+    }
+
+    /// The partial request: the action known, the resource of the
+    /// contract, the context of DESIGN §3.2 with `input` unknown (and, for
+    /// anyone, the principal, scopes, agent and session unknown too).
+    fn request(&self, who: Who<'_>, approved: bool) -> Result<Request, DecideError> {
+        let request_error = |e: &dyn std::fmt::Display| DecideError::Request(e.to_string());
+        let (principal, scopes, agent, session) = match who {
+            Who::Anyone => (
+                None,
+                RestrictedExpression::new_unknown("scopes"),
+                RestrictedExpression::new_unknown("agent"),
+                RestrictedExpression::new_unknown("session"),
+            ),
+            Who::Caller(caller, principal) => (
+                Some(principal),
+                RestrictedExpression::new_set(
+                    caller
+                        .scopes
+                        .iter()
+                        .map(|s| RestrictedExpression::new_string(s.clone())),
+                ),
+                RestrictedExpression::new_string(caller.agent_id.clone()),
+                RestrictedExpression::new_string(caller.session_id.clone()),
+            ),
+        };
+        let context = Context::from_pairs([
+            ("scopes".to_owned(), scopes),
+            (
+                "risk".to_owned(),
+                RestrictedExpression::new_string(self.tool.risk.as_str().to_owned()),
+            ),
+            (
+                "approved".to_owned(),
+                RestrictedExpression::new_bool(approved),
+            ),
+            ("agent".to_owned(), agent),
+            ("session".to_owned(), session),
+            (
+                "input".to_owned(),
+                RestrictedExpression::new_unknown("input"),
+            ),
+        ])
+        .map_err(|e| request_error(&e))?;
+        let builder = Request::builder().action(self.action.clone());
+        let builder = match principal {
+            Some(p) => builder.principal(p.clone()),
+            None => builder.unknown_principal_with_type(user_type()?),
+        };
+        let builder = match &self.resource {
+            Resource::Known(r) => builder.resource(r.clone()),
+            Resource::OfType(t) => builder.unknown_resource_with_type(t.clone()),
+        };
+        // Not checked against the schema: Cedar's check refuses a context
+        // holding unknowns. The known parts are built as `decide.rs` builds
+        // a decision's (which is checked), from the same caller fields.
+        Ok(builder.context(context).build())
+    }
+}
+
+fn user_type() -> Result<EntityTypeName, DecideError> {
+    EntityTypeName::from_str("User").map_err(|e| DecideError::Request(e.to_string()))
+}
+
+impl PolicyEngine {
+    /// The tools `caller` could be allowed to call (DESIGN §11.4), in name
+    /// order: every tool but those every call of which is denied for this
+    /// principal, whatever its arguments and resource. A tool whose calls
+    /// need an approval is included.
+    ///
+    /// # Errors
+    /// [`DecideError::Request`] if a request cannot be built (a bug).
+    pub fn callable_tools(&self, caller: &Caller) -> Result<Vec<Arc<ToolContract>>, DecideError> {
+        let mut store: Option<(EntityUid, Entities)> = None;
+        let mut shown = Vec::new();
+        for query in &self.callable.tools {
+            let callable = match query.settled {
+                Some(shown) => shown,
+                None => {
+                    if store.is_none() {
+                        store = Some(self.principal_store(caller)?);
+                    }
+                    let Some((principal, entities)) = &store else {
+                        continue;
+                    };
+                    query.reach(caller, principal, &self.policies, entities)? == ToolReach::Callable
+                }
+            };
+            if callable {
+                shown.push(Arc::clone(&query.tool));
+            }
+        }
+        Ok(shown)
+    }
+
+    /// Whether `caller` could be allowed to call the tool named `tool`, and
+    /// if not, why (`None` for a tool that is not loaded). Always evaluated
+    /// for this principal: the answer [`Self::callable_tools`] follows.
+    ///
+    /// # Errors
+    /// [`DecideError::Request`] if a request cannot be built (a bug).
+    pub fn tool_reach(
+        &self,
+        caller: &Caller,
+        tool: &str,
+    ) -> Result<Option<ToolReach>, DecideError> {
+        let Some(query) = self.callable.tools.iter().find(|q| q.tool.name == tool) else {
+            return Ok(None);
+        };
+        let (principal, entities) = self.principal_store(caller)?;
+        query
+            .reach(caller, &principal, &self.policies, &entities)
+            .map(Some)
+    }
+
+    /// The principal's uid, and a partial store of every static entity
+    /// plus the principal and its tenant, as every decision of it sees them.
+    fn principal_store(&self, caller: &Caller) -> Result<(EntityUid, Entities), DecideError> {
+        let principal = uid("User", &caller.subject_id)?;
+        let tenant = uid("Tenant", &caller.tenant_id)?;
+        let all = self.static_entities.all();
+        let extra = principal_entities(caller, all, &principal, &tenant)?;
+        let entities = all
+            .clone()
+            .add_entities(extra, Some(&self.schema))
+            .map_err(|e| DecideError::Request(e.to_string()))?
+            .partial();
+        Ok((principal, entities))
+    }
+}
+
+impl ToolQuery {
+    /// The answer for one caller: what partial evaluation settled, and
+    /// "could be allowed" for every residual.
+    fn reach(
+        &self,
+        caller: &Caller,
+        principal: &EntityUid,
+        policies: &PolicySlices,
+        entities: &Entities,
+    ) -> Result<ToolReach, DecideError> {
+        Ok(
+            match self.verdict(Who::Caller(caller, principal), policies, entities)? {
+                Verdict::Settled(reach) => reach,
+                Verdict::Open => ToolReach::Callable,
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+#[path = "callable_tests.rs"]
+mod tests;
