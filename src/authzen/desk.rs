@@ -18,12 +18,13 @@ use crate::access::{PeerIdentity, TenantScope};
 use crate::audit::{Audit, AuditEvent, RefusalAudit};
 use crate::decision::{AuthorizeOutcome, ToolCallAuthorizer};
 use crate::decode::{self, Limits};
-use crate::envelope::{ExecutorError, RequestError};
+use crate::envelope::{ErrorCode, ExecutorError, RequestError};
 
 /// The paths this door serves.
 pub const METADATA_PATH: &str = "/.well-known/authzen-configuration";
 pub const EVALUATION_PATH: &str = "/access/v1/evaluation";
 pub const EVALUATIONS_PATH: &str = "/access/v1/evaluations";
+pub const SEARCH_ACTION_PATH: &str = "/access/v1/search/action";
 
 /// What the door needs, as [`crate::server::build`] wires it.
 #[derive(Debug)]
@@ -86,6 +87,7 @@ pub fn router(desk: Arc<AuthzenDesk>) -> axum::Router {
         .route(METADATA_PATH, any(metadata))
         .route(EVALUATION_PATH, any(evaluation))
         .route(EVALUATIONS_PATH, any(evaluations))
+        .route(SEARCH_ACTION_PATH, any(search_action))
         .with_state(desk)
 }
 
@@ -420,6 +422,54 @@ impl AuthzenDesk {
         Ok(json!({ "evaluations": answers }))
     }
 
+    /// Action Search: the tools the request's principal may call (DESIGN
+    /// §11.4), under the same principal rule and tenant check as a
+    /// decision. Nothing is decided or audited but a refusal.
+    async fn search_action(&self, req: http::Request<Body>) -> Response {
+        let incoming = incoming(self, &req, SEARCH_ACTION_PATH);
+        let answer = async {
+            let body = self.body(req, SEARCH_ACTION_PATH).await?;
+            let search =
+                super::parse_action_search(&body, &self.config, self.transport(&incoming))
+                    .map_err(Refused::bad_request)?;
+            let callable = self
+                .authorizer
+                .callable_tools(
+                    Some(&search.caller),
+                    &incoming.identity_token,
+                    &incoming.tenants,
+                )
+                .map_err(|e| self.request_refused(&e))?
+                .map_err(|envelope| {
+                    if envelope.code == ErrorCode::Unauthorized {
+                        Refused {
+                            status: StatusCode::UNAUTHORIZED,
+                            reason: "unauthorized",
+                            message: "the subject's identity token is missing, invalid, or disagrees with the request".to_owned(),
+                        }
+                    } else {
+                        Refused {
+                            status: StatusCode::INTERNAL_SERVER_ERROR,
+                            reason: "internal_error",
+                            message: "the tools this subject may call could not be computed".to_owned(),
+                        }
+                    }
+                })?;
+            let names: Vec<String> = callable.tools.iter().map(|t| t.name.clone()).collect();
+            Ok::<_, Refused>(super::action_results(
+                &names,
+                search.offset,
+                search.limit,
+            ))
+        }
+        .await;
+        let response = match answer {
+            Ok(v) => json_response(&v),
+            Err(refused) => self.refuse(&incoming, &refused).await,
+        };
+        with_request_id(response, incoming.request_id)
+    }
+
     fn metadata(&self, req: &http::Request<Body>) -> Result<Value, Refused> {
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return Err(Refused {
@@ -445,7 +495,7 @@ impl AuthzenDesk {
                 format!("{scheme}://{host}")
             }
         };
-        Ok(super::metadata(&base, &self.config, false))
+        Ok(super::metadata(&base, &self.config, true))
     }
 }
 
@@ -464,4 +514,8 @@ async fn evaluation(State(desk): State<Arc<AuthzenDesk>>, req: http::Request<Bod
 
 async fn evaluations(State(desk): State<Arc<AuthzenDesk>>, req: http::Request<Body>) -> Response {
     desk.evaluations(req).await
+}
+
+async fn search_action(State(desk): State<Arc<AuthzenDesk>>, req: http::Request<Body>) -> Response {
+    desk.search_action(req).await
 }

@@ -2,11 +2,13 @@
 //! one pipeline's inputs out, its outcomes back as AuthZEN decisions.
 //!
 //! This core is pure: a strictly decoded request body becomes
-//! [`AuthorizeInput`]s (`door: Door::Gateway`) through the mapping of
-//! §11.1, each pointer of which `[authzen]` may move ([`AuthzenConfig`]);
-//! an [`AuthorizeOutcome`] becomes the Decision object with its `context`
-//! (and, for APPROVAL_REQUIRED, the `access_request` object of the Access
-//! Request and Approval profile); the PDP metadata; and the COAZ-MCP
+//! [`crate::decision::AuthorizeInput`]s (`door: Door::Gateway`) through
+//! the mapping of §11.1, each pointer of which `[authzen]` may move
+//! ([`AuthzenConfig`]); an [`crate::decision::AuthorizeOutcome`] becomes
+//! the Decision object with its `context` (and, for APPROVAL_REQUIRED, the
+//! `access_request` object of the Access Request and Approval profile); an
+//! Action Search request becomes the principal whose callable tools
+//! (DESIGN §11.4) are the answer; then the PDP metadata, and the COAZ-MCP
 //! declared mapping (`x-authzen-mapping`) each tool publishes. `desk.rs`
 //! serves it over HTTP on the gRPC listener.
 //!
@@ -22,9 +24,10 @@ mod response;
 
 pub use mapping::{declared_mapping, mcp_input_schema};
 pub use request::{
-    Batch, Entry, Refusal, Semantic, Transport, parse_evaluation, parse_evaluations,
+    ActionSearch, Batch, Entry, Refusal, Semantic, Transport, page_token, parse_action_search,
+    parse_evaluation, parse_evaluations,
 };
-pub use response::{decision_context, decision_json, metadata};
+pub use response::{action_results, decision_context, decision_json, metadata};
 
 /// Where §11.1's mapping reads each field of an AuthZEN request, and how
 /// the door answers. Every pointer is an RFC 6901 JSON pointer into one

@@ -285,6 +285,107 @@ fn strings_at(e: &Value, pointer: &str, spaced: bool) -> Result<Vec<String>, Ref
     }
 }
 
+/// The principal a request names, at the configured pointers: its
+/// subject, tenant (else `default_tenant`; with required identity tokens
+/// the token names it), roles, scopes, agent and session.
+fn principal(e: &Value, config: &AuthzenConfig, t: Transport<'_>) -> Result<Caller, Refusal> {
+    let subject_id = string_at(e, &config.subject)?.unwrap_or_default();
+    let tenant = string_at(e, &config.tenant)?.filter(|s| !s.is_empty());
+    let tenant_id = match (tenant, t.require_identity_token) {
+        (Some(t), _) => t,
+        // The verified token names the tenant.
+        (None, true) => String::new(),
+        (None, false) => config.default_tenant.clone().ok_or_else(|| {
+            Refusal::new(
+                "no_tenant",
+                format!(
+                    "the request names no tenant: send `{}` (no `[authzen] default_tenant` is configured)",
+                    dotted(&config.tenant)
+                ),
+            )
+        })?,
+    };
+    Ok(Caller {
+        subject_id,
+        tenant_id,
+        roles: strings_at(e, &config.roles, false)?,
+        scopes: strings_at(e, &config.scopes, true)?,
+        agent_id: string_at(e, &config.agent)?.unwrap_or_default(),
+        session_id: string_at(e, &config.session)?.unwrap_or_default(),
+    })
+}
+
+/// An Action Search request (AuthZEN §8.6): whose tools, and which page.
+#[derive(Debug, Clone)]
+pub struct ActionSearch {
+    pub caller: Caller,
+    /// The first result to answer (from the page token).
+    pub offset: usize,
+    /// The most results to answer (`page.limit`).
+    pub limit: Option<usize>,
+}
+
+/// The page token of the results from `offset` on: opaque to the PEP.
+#[must_use]
+pub fn page_token(offset: usize) -> String {
+    format!("tools-from-{offset}")
+}
+
+/// One Action Search request: `subject` and `resource` required (any
+/// resource, e.g. `{type: "mcp_server", id: …}`: the answer is the tools),
+/// `context` and `page` optional.
+///
+/// # Errors
+/// [`Refusal`] when the body is not an Action Search request, names no
+/// tenant, or carries a page token toolgate did not issue.
+pub fn parse_action_search(
+    body: &Value,
+    config: &AuthzenConfig,
+    transport: Transport<'_>,
+) -> Result<ActionSearch, Refusal> {
+    let Some(object) = body.as_object() else {
+        return Err(not_an_object("the request body"));
+    };
+    let mut shape = object.clone();
+    // The action is what is searched for: any stands in for the check.
+    shape.insert("action".into(), serde_json::json!({"name": ""}));
+    check_shape(&shape)?;
+    let (offset, limit) = match object.get("page") {
+        None | Some(Value::Null) => (0, None),
+        Some(Value::Object(page)) => {
+            let offset = match page.get("token") {
+                None | Some(Value::Null) => 0,
+                Some(Value::String(t)) if t.is_empty() => 0,
+                Some(Value::String(t)) => t
+                    .strip_prefix("tools-from-")
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .ok_or_else(|| {
+                        Refusal::new(
+                            "bad_page_token",
+                            "`page.token` is not a token toolgate issued",
+                        )
+                    })?,
+                Some(_) => return Err(wrong_type("page.token", "a string")),
+            };
+            let limit = match page.get("limit") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(
+                    v.as_u64()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .ok_or_else(|| wrong_type("page.limit", "a non-negative integer"))?,
+                ),
+            };
+            (offset, limit)
+        }
+        Some(_) => return Err(wrong_type("page", "an object")),
+    };
+    Ok(ActionSearch {
+        caller: principal(body, config, transport)?,
+        offset,
+        limit,
+    })
+}
+
 /// §11.1's mapping of one well-formed evaluation.
 fn map(e: &Value, config: &AuthzenConfig, t: Transport<'_>) -> Result<Entry, Refusal> {
     let resource_type = e
@@ -332,30 +433,7 @@ fn map(e: &Value, config: &AuthzenConfig, t: Transport<'_>) -> Result<Entry, Ref
         None => b"{}".to_vec(),
     };
 
-    let subject_id = string_at(e, &config.subject)?.unwrap_or_default();
-    let tenant = string_at(e, &config.tenant)?.filter(|s| !s.is_empty());
-    let tenant_id = match (tenant, t.require_identity_token) {
-        (Some(t), _) => t,
-        // The verified token names the tenant.
-        (None, true) => String::new(),
-        (None, false) => config.default_tenant.clone().ok_or_else(|| {
-            Refusal::new(
-                "no_tenant",
-                format!(
-                    "the request names no tenant: send `{}` (no `[authzen] default_tenant` is configured)",
-                    dotted(&config.tenant)
-                ),
-            )
-        })?,
-    };
-    let caller = Caller {
-        subject_id,
-        tenant_id,
-        roles: strings_at(e, &config.roles, false)?,
-        scopes: strings_at(e, &config.scopes, true)?,
-        agent_id: string_at(e, &config.agent)?.unwrap_or_default(),
-        session_id: string_at(e, &config.session)?.unwrap_or_default(),
-    };
+    let caller = principal(e, config, t)?;
     let mut request_id = None;
     for p in &config.request_id {
         if let Some(id) = string_at(e, p)?.filter(|s| !s.is_empty()) {

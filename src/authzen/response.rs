@@ -139,3 +139,31 @@ pub fn metadata(base: &str, config: &AuthzenConfig, action_search: bool) -> Valu
     }
     Value::Object(m)
 }
+
+/// The Action Search answer (AuthZEN §8): the tools as actions
+/// `{name: <tool>}`, in name order, from `offset`, at most `limit` of them.
+/// A page object says where the next page starts (an empty `next_token`
+/// at the end) whenever the PEP asked for a page.
+#[must_use]
+pub fn action_results(tools: &[String], offset: usize, limit: Option<usize>) -> Value {
+    let rest = tools.get(offset..).unwrap_or_default();
+    let take = limit.map_or(rest.len(), |l| l.min(rest.len()));
+    let results: Vec<Value> = rest
+        .iter()
+        .take(take)
+        .map(|t| json!({ "name": t }))
+        .collect();
+    if limit.is_none() && offset == 0 {
+        return json!({ "results": results });
+    }
+    let next = offset.saturating_add(take);
+    let next_token = if next < tools.len() {
+        super::request::page_token(next)
+    } else {
+        String::new()
+    };
+    json!({
+        "page": {"next_token": next_token, "count": take, "total": tools.len()},
+        "results": results,
+    })
+}

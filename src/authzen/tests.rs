@@ -315,3 +315,30 @@ fn missing_arguments_are_named_in_a_schema_violation() {
     assert_eq!(details(&sent), Value::Null);
     assert_eq!(details(&unsent), json!({"arguments": "not_sent"}));
 }
+
+#[test]
+fn action_results_page_from_the_token() {
+    let tools = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+    assert_eq!(
+        action_results(&tools, 0, None),
+        json!({"results": [{"name": "a"}, {"name": "b"}, {"name": "c"}]})
+    );
+    assert_eq!(
+        action_results(&tools, 0, Some(2)),
+        json!({"page": {"next_token": page_token(2), "count": 2, "total": 3},
+            "results": [{"name": "a"}, {"name": "b"}]})
+    );
+    assert_eq!(
+        action_results(&tools, 2, Some(2)),
+        json!({"page": {"next_token": "", "count": 1, "total": 3}, "results": [{"name": "c"}]})
+    );
+    // Past the end (the set shrank between pages): an empty last page.
+    assert_eq!(
+        action_results(&tools, 7, None),
+        json!({"page": {"next_token": "", "count": 0, "total": 3}, "results": []})
+    );
+    assert_eq!(
+        action_results(&tools, 0, Some(0)),
+        json!({"page": {"next_token": page_token(0), "count": 0, "total": 3}, "results": []})
+    );
+}

@@ -276,6 +276,7 @@ fn wire(amount_cents: u64) -> Value {
 const EVALUATION: &str = "/access/v1/evaluation";
 const EVALUATIONS: &str = "/access/v1/evaluations";
 const METADATA: &str = "/.well-known/authzen-configuration";
+const SEARCH_ACTION: &str = "/access/v1/search/action";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_metadata_names_the_endpoints_over_http1_and_h2() {
@@ -292,6 +293,7 @@ async fn the_metadata_names_the_endpoints_over_http1_and_h2() {
                 "policy_decision_point": base,
                 "access_evaluation_endpoint": format!("{base}/access/v1/evaluation"),
                 "access_evaluations_endpoint": format!("{base}/access/v1/evaluations"),
+                "search_action_endpoint": format!("{base}/access/v1/search/action"),
                 "access_request_endpoint": ACCESS_REQUESTS,
                 "capabilities": ["urn:openid:authzen:capability:access-request"],
             }),
@@ -320,6 +322,7 @@ async fn the_metadata_names_the_endpoints_over_http1_and_h2() {
             "policy_decision_point": "https://pdp.example.com",
             "access_evaluation_endpoint": "https://pdp.example.com/access/v1/evaluation",
             "access_evaluations_endpoint": "https://pdp.example.com/access/v1/evaluations",
+            "search_action_endpoint": "https://pdp.example.com/access/v1/search/action",
         })
     );
 }
@@ -1038,6 +1041,10 @@ async fn the_authzen_grant_is_enforced() {
     let events = audit_events(&server, &dir).await;
     assert!(events_of(&events, "decision").is_empty(), "{events:?}");
     assert_eq!(events_of(&events, "request_refused").len(), 2);
+
+    let search = action_search("bob", "acme", &[], &["docs:read"], Value::Null);
+    let answer = post(server.addr, Version::Http1, SEARCH_ACTION, &search).await;
+    assert_eq!(answer.status, 403, "{}", answer.text());
     // The same entry for globex (bob, without the scope) is decided.
     globex["evaluations"][2]["subject"]["properties"]["tenant"] = json!("globex");
     let answer = post(server.addr, Version::H2, EVALUATIONS, &globex.to_string()).await;
@@ -1177,4 +1184,167 @@ async fn list_tools_and_mcp_schema_publish_the_declared_mapping() {
         String::from_utf8_lossy(&out.stderr).trim(),
         format!("error: no tool `nope` in {}", policies().display())
     );
+}
+
+/// An Action Search for `subject` of `tenant` on this MCP server.
+fn action_search(
+    subject: &str,
+    tenant: &str,
+    roles: &[&str],
+    scopes: &[&str],
+    page: Value,
+) -> String {
+    let mut request = json!({
+        "subject": {"type": "identity", "id": subject,
+            "properties": {"tenant": tenant, "roles": roles, "scopes": scopes}},
+        "resource": {"type": "mcp_server", "id": "https://mcp.example.com"},
+        "context": {"agent": "gateway-bot"},
+    });
+    if !page.is_null() {
+        request["page"] = page;
+    }
+    request.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn action_search_answers_the_tools_a_principal_may_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(&dir, |_| {}).await;
+    let names = |answer: &Value| -> Vec<String> {
+        answer["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    for version in VERSIONS {
+        let search = |body: String| async move {
+            let answer = post(server.addr, version, SEARCH_ACTION, &body).await;
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            answer.json()
+        };
+        // Each tool for whom some call of it could be allowed; a tool that
+        // needs an approval for large calls is shown.
+        let both = search(action_search(
+            "tess",
+            "acme",
+            &["treasury"],
+            &["docs:read"],
+            Value::Null,
+        ))
+        .await;
+        assert_eq!(
+            both,
+            json!({"results": [{"name": "search_docs"}, {"name": "wire_funds"}]})
+        );
+        let reader = search(action_search(
+            "bob",
+            "acme",
+            &[],
+            &["docs:read"],
+            Value::Null,
+        ))
+        .await;
+        assert_eq!(names(&reader), ["search_docs"]);
+        let nobody = search(action_search("eve", "acme", &[], &[], Value::Null)).await;
+        assert_eq!(nobody, json!({"results": []}));
+        // Pages, when asked for.
+        let first = search(action_search(
+            "tess",
+            "acme",
+            &["treasury"],
+            &["docs:read"],
+            json!({"limit": 1}),
+        ))
+        .await;
+        assert_eq!(
+            first,
+            json!({"page": {"next_token": "tools-from-1", "count": 1, "total": 2},
+                "results": [{"name": "search_docs"}]})
+        );
+        let second = search(action_search(
+            "tess",
+            "acme",
+            &["treasury"],
+            &["docs:read"],
+            json!({"limit": 1, "token": "tools-from-1"}),
+        ))
+        .await;
+        assert_eq!(
+            second,
+            json!({"page": {"next_token": "", "count": 1, "total": 2},
+                "results": [{"name": "wire_funds"}]})
+        );
+    }
+    // What cannot be searched is refused with a message.
+    let forged = action_search("tess", "acme", &[], &[], json!({"token": "page-2"}));
+    let answer = post(server.addr, Version::H2, SEARCH_ACTION, &forged).await;
+    assert_eq!(
+        (answer.status, answer.text()),
+        (
+            400,
+            "`page.token` is not a token toolgate issued".to_owned()
+        )
+    );
+    let no_tenant = json!({"subject": {"type": "identity", "id": "tess"},
+        "resource": {"type": "mcp_server", "id": "x"}});
+    let answer = post(
+        server.addr,
+        Version::Http1,
+        SEARCH_ACTION,
+        &no_tenant.to_string(),
+    )
+    .await;
+    assert_eq!(answer.status, 400);
+    let no_resource =
+        json!({"subject": {"type": "identity", "id": "tess", "properties": {"tenant": "acme"}}});
+    let answer = post(
+        server.addr,
+        Version::Http1,
+        SEARCH_ACTION,
+        &no_resource.to_string(),
+    )
+    .await;
+    assert_eq!(
+        (answer.status, answer.text()),
+        (400, "`resource` is required".to_owned())
+    );
+    let get = send(server.addr, Version::H2, "GET", SEARCH_ACTION, &[], b"").await;
+    assert_eq!(get.status, 405);
+    // A search decides nothing: only the refusals are audited.
+    let events = audit_events(&server, &dir).await;
+    assert!(events_of(&events, "decision").is_empty());
+    assert_eq!(events_of(&events, "request_refused").len(), 4);
+
+    // Under required tokens the principal is the token's; none is a 401.
+    let dir = tempfile::tempdir().unwrap();
+    let server = self::server(&dir, |c| c.require_identity_token = true).await;
+    let body = json!({"subject": {"type": "identity", "id": "tess"},
+        "resource": {"type": "mcp_server", "id": "x"}})
+    .to_string();
+    let answer = post(server.addr, Version::H2, SEARCH_ACTION, &body).await;
+    assert_eq!(
+        (answer.status, answer.text()),
+        (
+            401,
+            "the subject's identity token is missing, invalid, or disagrees with the request"
+                .to_owned()
+        )
+    );
+    let bearer = format!("Bearer {}", token("tess", "acme", &["treasury"]));
+    let answer = send(
+        server.addr,
+        Version::H2,
+        "POST",
+        SEARCH_ACTION,
+        &[
+            ("content-type", "application/json"),
+            ("authorization", &bearer),
+        ],
+        body.as_bytes(),
+    )
+    .await;
+    // The token's scope is `approvals`: the docs are not the token's to read.
+    assert_eq!(answer.json(), json!({"results": [{"name": "wire_funds"}]}));
 }
