@@ -74,7 +74,29 @@ async fn send(
     body: &[u8],
 ) -> Answer {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let io = hyper_util::rt::TokioIo::new(stream);
+    let authority = addr.to_string();
+    exchange(
+        stream, "http", &authority, version, method, path, headers, body,
+    )
+    .await
+}
+
+/// One request over an open connection `io` to `authority`.
+#[allow(clippy::too_many_arguments)]
+async fn exchange<IO>(
+    io: IO,
+    scheme: &str,
+    authority: &str,
+    version: Version,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Answer
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let io = hyper_util::rt::TokioIo::new(io);
     let mut builder = http::Request::builder().method(method);
     builder = match version {
         Version::Http1 => {
@@ -82,11 +104,11 @@ async fn send(
             if headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
                 builder
             } else {
-                builder.header("host", addr.to_string())
+                builder.header("host", authority)
             }
         }
         Version::H2 => builder
-            .uri(format!("http://{addr}{path}"))
+            .uri(format!("{scheme}://{authority}{path}"))
             .version(http::Version::HTTP_2),
     };
     for (name, value) in headers {
@@ -1347,4 +1369,126 @@ async fn action_search_answers_the_tools_a_principal_may_call() {
     .await;
     // The token's scope is `approvals`: the docs are not the token's to read.
     assert_eq!(answer.json(), json!({"results": [{"name": "wire_funds"}]}));
+}
+
+/// A TLS connection to `addr` as `localhost`, trusting `ca_pem`, with a
+/// client certificate; ALPN offers `h2` for h2 and nothing for HTTP/1.1
+/// (the listener's ALPN names only `h2`).
+async fn tls_connect(
+    addr: SocketAddr,
+    ca_pem: &str,
+    client: &(String, String),
+    version: Version,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+        .unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(client.0.as_bytes()).unwrap()],
+            PrivateKeyDer::from_pem_slice(client.1.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    if version == Version::H2 {
+        config.alpn_protocols = vec![b"h2".to_vec()];
+    }
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_mutual_tls_the_gateways_certificate_is_granted_the_door() {
+    use toolgate::config::TlsFiles;
+    let pki = crate::listeners::Pki::new("toolgate test CA");
+    let (server_cert, server_key) = pki.issue("toolgate", &["localhost"], &[], true);
+    let gateway = pki.issue("mcp-gateway", &[], &[], false);
+    let executor = pki.issue("executor", &[], &[], false);
+    let pem = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = pem.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let tls = TlsFiles {
+        cert: write("server.pem", &server_cert),
+        key: write("server.key", &server_key),
+        client_ca: Some(write("ca.pem", &pki.ca_pem)),
+    };
+    let grant = |caller: &str, service: ServiceName| Grant {
+        caller: CallerPattern::parse(caller).unwrap(),
+        services: BTreeSet::from([service]),
+        tenants: TenantScope::of(["acme"]),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(&dir, |c| {
+        c.access = AccessPolicy::Grants(vec![
+            grant("cn:mcp-gateway", ServiceName::Authzen),
+            grant("cn:executor", ServiceName::Authorization),
+        ]);
+        c.tls = Some(tls);
+    })
+    .await;
+    let authority = format!("localhost:{}", server.addr.port());
+    let body = search(&["docs:read"]).to_string();
+    for version in VERSIONS {
+        let json = [("content-type", "application/json")];
+        let io = tls_connect(server.addr, &pki.ca_pem, &gateway, version).await;
+        let answer = exchange(
+            io,
+            "https",
+            &authority,
+            version,
+            "POST",
+            EVALUATION,
+            &json,
+            body.as_bytes(),
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{version:?}: {}", answer.text());
+        assert_eq!(answer.json()["decision"], true);
+        // The metadata names the https endpoints it was reached at.
+        let io = tls_connect(server.addr, &pki.ca_pem, &gateway, version).await;
+        let meta = exchange(io, "https", &authority, version, "GET", METADATA, &[], b"")
+            .await
+            .json();
+        assert_eq!(
+            meta["access_evaluation_endpoint"],
+            format!("https://{authority}/access/v1/evaluation")
+        );
+        // The executor's certificate is not granted the door.
+        let io = tls_connect(server.addr, &pki.ca_pem, &executor, version).await;
+        let refused = exchange(
+            io,
+            "https",
+            &authority,
+            version,
+            "POST",
+            EVALUATION,
+            &json,
+            body.as_bytes(),
+        )
+        .await;
+        assert_eq!(
+            (refused.status, refused.text()),
+            (
+                403,
+                "caller `cn:executor` may not call the authzen service".to_owned()
+            )
+        );
+    }
+    let events = audit_events(&server, &dir).await;
+    let decisions = events_of(&events, "decision");
+    assert_eq!(decisions.len(), 2);
+    assert!(decisions.iter().all(|d| d["peer"] == "cn:mcp-gateway"));
 }
