@@ -420,6 +420,17 @@ fn map(e: &Value, config: &AuthzenConfig, t: Transport<'_>) -> Result<Entry, Ref
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
+    // The one question this door answers is whether the tool may be
+    // called: another action on a tool is not answered as if it were.
+    if action != "tools/call" && action != tool {
+        return Err(Refusal::new(
+            "not_a_tool_call",
+            format!(
+                "action `{}` is not `tools/call` or the tool's name",
+                crate::envelope::echo(&action)
+            ),
+        ));
+    }
 
     let sent = config
         .arguments

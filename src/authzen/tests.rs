@@ -130,6 +130,22 @@ fn shapes_and_types_are_checked() {
         "`subject.properties.roles` must be an array of strings"
     );
     assert_eq!(refuse(json!([1])), "the request body must be a JSON object");
+    let mut body = call("t", Some("acme"));
+    body["action"]["name"] = json!("can_delete");
+    assert_eq!(
+        refuse(body),
+        "action `can_delete` is not `tools/call` or the tool's name"
+    );
+    // The tool's own name is the action COAZ-MCP declared mappings use.
+    let mut body = call("t", Some("acme"));
+    body["action"]["name"] = json!("t");
+    assert_eq!(
+        parse_evaluation(&body, &c, transport(&any, false))
+            .unwrap()
+            .input
+            .action,
+        "t"
+    );
 }
 
 #[test]

@@ -43,9 +43,14 @@ fn peer_of(ext: &http::Extensions) -> PeerIdentity {
 }
 
 /// An AuthZEN request refused here: the door's own `403` (an HTTP
-/// client reads no gRPC status).
-fn http_refusal(message: &str) -> http::Response<Body> {
-    crate::authzen::desk::forbidden(message).map(Body::new)
+/// client reads no gRPC status), its `X-Request-ID` echoed.
+fn http_refusal(req: &http::Request<Body>, message: &str) -> http::Response<Body> {
+    let mut response = crate::authzen::desk::forbidden(message).map(Body::new);
+    let mut ids = req.headers().get_all("x-request-id").iter();
+    if let (Some(id), None) = (ids.next(), ids.next()) {
+        response.headers_mut().insert("x-request-id", id.clone());
+    }
+    response
 }
 
 /// The service a path names, as the metrics and messages label it.
@@ -172,7 +177,7 @@ where
                 }
             };
             if target == Target::Service(ServiceName::Authzen) {
-                return Box::pin(std::future::ready(Ok(http_refusal(message))));
+                return Box::pin(std::future::ready(Ok(http_refusal(&req, message))));
             }
             let details = ErrorDetails::with_error_info(reason, "toolgate", []);
             let status = Status::with_error_details(Code::PermissionDenied, message, details);
@@ -184,7 +189,7 @@ where
             tracing::warn!(caller = %peer, service, "call refused: the caller has no grant for the service");
             if target == Target::Service(ServiceName::Authzen) {
                 let message = format!("caller `{peer}` may not call the {service} service");
-                return Box::pin(std::future::ready(Ok(http_refusal(&message))));
+                return Box::pin(std::future::ready(Ok(http_refusal(&req, &message))));
             }
             let details = ErrorDetails::with_error_info(
                 "caller_not_granted",

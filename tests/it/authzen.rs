@@ -1006,13 +1006,19 @@ async fn the_authzen_grant_is_enforced() {
     })
     .await;
     for version in VERSIONS {
-        let answer = post(
+        let answer = send(
             server.addr,
             version,
+            "POST",
             EVALUATION,
-            &search(&["docs:read"]).to_string(),
+            &[
+                ("content-type", "application/json"),
+                ("x-request-id", "not-granted"),
+            ],
+            search(&["docs:read"]).to_string().as_bytes(),
         )
         .await;
+        assert_eq!(answer.header("x-request-id"), Some("not-granted"));
         assert_eq!(
             (answer.status, answer.text()),
             (
