@@ -338,7 +338,7 @@ impl AuthzenDesk {
             let entry = super::parse_evaluation(&body, &self.config, self.transport(&incoming))
                 .map_err(Refused::bad_request)?;
             let outcome = self.decide(&entry).await?;
-            Ok::<_, Refused>(decision_json(&outcome, entry.arguments_sent, &self.config))
+            Ok::<_, Refused>(decision_json(&outcome, &entry, &self.config))
         }
         .await;
         let response = match answer {
@@ -382,7 +382,7 @@ impl AuthzenDesk {
                 )));
             };
             let outcome = self.decide(&entry).await?;
-            return Ok(decision_json(&outcome, entry.arguments_sent, &self.config));
+            return Ok(decision_json(&outcome, &entry, &self.config));
         }
         for entry in entries.iter().flatten() {
             self.authorizer
@@ -394,7 +394,7 @@ impl AuthzenDesk {
             let answer = match entry {
                 Ok(entry) => {
                     let outcome = self.decide(entry).await?;
-                    decision_json(&outcome, entry.arguments_sent, &self.config)
+                    decision_json(&outcome, entry, &self.config)
                 }
                 Err(refusal) => {
                     // Not evaluable: closed, with the error in its place

@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::AuthzenConfig;
+use super::{AuthzenConfig, Entry};
 use crate::clock::UnixMillis;
 use crate::decision::{AuthorizeOutcome, Decision};
 use crate::envelope::ErrorCode;
@@ -13,29 +13,27 @@ pub const ACCESS_REQUEST_CAPABILITY: &str = "urn:openid:authzen:capability:acces
 /// The Decision object of one outcome: `decision` is `true` only for
 /// ALLOW, and `context` carries what the PEP needs ([`decision_context`]).
 #[must_use]
-pub fn decision_json(
-    outcome: &AuthorizeOutcome,
-    arguments_sent: bool,
-    config: &AuthzenConfig,
-) -> Value {
+pub fn decision_json(outcome: &AuthorizeOutcome, call: &Entry, config: &AuthzenConfig) -> Value {
     json!({
         "decision": outcome.decision == Decision::Allow,
-        "context": decision_context(outcome, arguments_sent, config),
+        "context": decision_context(outcome, call, config),
     })
 }
 
 /// The decision context (DESIGN §11.1): `evaluation_id`, `reason` (the
 /// error code, absent on allow), `reason_user` (the `model_output` text),
 /// `idempotency_key`, `arguments_sha256` and `timeout_ms` once the call was
-/// hashed, `approval_id` when an approval is involved, and for
+/// hashed, `approval_id` when an approval is involved (opened, named in the
+/// answer, or presented by the call), and for
 /// APPROVAL_REQUIRED the `access_request` object when the deployment has an
 /// Access Request endpoint.
 #[must_use]
 pub fn decision_context(
     outcome: &AuthorizeOutcome,
-    arguments_sent: bool,
+    call: &Entry,
     config: &AuthzenConfig,
 ) -> Map<String, Value> {
+    let arguments_sent = call.arguments_sent;
     let mut c = Map::new();
     c.insert("evaluation_id".into(), outcome.decision_id.clone().into());
     if let Some(envelope) = &outcome.error {
@@ -63,7 +61,13 @@ pub fn decision_context(
         .as_ref()
         .and_then(|e| e.details.get("approval_id"))
         .and_then(Value::as_str);
-    let approval_id = outcome.approval.as_ref().map(|a| a.0.as_str()).or(named);
+    let presented = Some(call.input.approval_id.as_str()).filter(|a| !a.is_empty());
+    let approval_id = outcome
+        .approval
+        .as_ref()
+        .map(|a| a.0.as_str())
+        .or(named)
+        .or(presented);
     if let Some(id) = approval_id {
         c.insert("approval_id".into(), id.into());
     }

@@ -241,6 +241,14 @@ fn the_declared_mapping_follows_the_pointers_and_claims() {
     );
 }
 
+/// A call as the door maps it, with `arguments_sent` and no approval named.
+fn entry(arguments_sent: bool) -> Entry {
+    Entry {
+        input: crate::decision::AuthorizeInput::default(),
+        arguments_sent,
+    }
+}
+
 fn outcome(decision: crate::decision::Decision) -> crate::decision::AuthorizeOutcome {
     crate::decision::AuthorizeOutcome {
         decision,
@@ -275,7 +283,7 @@ fn approval_outcomes_name_their_approval() {
     for code in [ErrorCode::ApprovalPending, ErrorCode::ApprovalRejected] {
         let mut o = outcome(Decision::Deny);
         o.error = Some(Envelope::new(code, "m").with("approval_id", "ap-9"));
-        let v = decision_json(&o, true, &config);
+        let v = decision_json(&o, &entry(true), &config);
         assert_eq!(v["decision"], false);
         assert_eq!(v["context"]["reason"], code.as_str());
         assert_eq!(v["context"]["approval_id"], "ap-9");
@@ -285,7 +293,7 @@ fn approval_outcomes_name_their_approval() {
     let mut o = outcome(Decision::ApprovalRequired);
     o.approval = Some(("ap-1".into(), 1_767_225_600_000));
     o.error = Some(Envelope::new(ErrorCode::ApprovalRequired, "m").with("approval_id", "ap-1"));
-    let v = decision_json(&o, true, &config);
+    let v = decision_json(&o, &entry(true), &config);
     assert_eq!(v["context"]["approval_id"], "ap-1");
     assert_eq!(
         v["context"]["access_request"],
@@ -300,11 +308,16 @@ fn approval_outcomes_name_their_approval() {
         })
     );
     // No Access Request endpoint: the profile forbids the object.
-    let v = decision_json(&o, true, &AuthzenConfig::default());
+    let v = decision_json(&o, &entry(true), &AuthzenConfig::default());
     assert!(v["context"].get("access_request").is_none());
     assert_eq!(v["context"]["approval_id"], "ap-1");
+    // Allowed with the approval it named: that approval.
+    let mut named = entry(true);
+    named.input.approval_id = "ap-7".into();
+    let v = decision_json(&outcome(Decision::Allow), &named, &config);
+    assert_eq!(v["context"]["approval_id"], "ap-7");
     // Allowed: no reason at all.
-    let v = decision_json(&outcome(Decision::Allow), true, &config);
+    let v = decision_json(&outcome(Decision::Allow), &entry(true), &config);
     assert_eq!(
         v,
         json!({"decision": true, "context": {"evaluation_id": "d-1",
@@ -321,8 +334,8 @@ fn missing_arguments_are_named_in_a_schema_violation() {
         ErrorCode::SchemaViolation,
         "`query` is required",
     ));
-    let sent = decision_json(&o, true, &AuthzenConfig::default());
-    let unsent = decision_json(&o, false, &AuthzenConfig::default());
+    let sent = decision_json(&o, &entry(true), &AuthzenConfig::default());
+    let unsent = decision_json(&o, &entry(false), &AuthzenConfig::default());
     let details = |v: &Value| {
         serde_json::from_str::<Value>(v["context"]["reason_user"].as_str().unwrap()).unwrap()
             ["error"]["details"]

@@ -1477,3 +1477,59 @@ async fn over_mutual_tls_the_gateways_certificate_is_granted_the_door() {
     assert_eq!(decisions.len(), 2);
     assert!(decisions.iter().all(|d| d["peer"] == "cn:mcp-gateway"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_call_runs_once_its_approval_is_named() {
+    use toolgate::grpc::pb::approval_service_client::ApprovalServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(&dir, |_| {}).await;
+    // The PEP names the operation, so the retry is the same one.
+    let mut call = wire(20_000);
+    call["context"]["request_id"] = json!("wire-op-1");
+    let required = post(server.addr, Version::H2, EVALUATION, &call.to_string())
+        .await
+        .json();
+    assert_eq!(required["context"]["reason"], "approval_required");
+    let approval_id = required["context"]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let sha = required["context"]["arguments_sha256"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Asked again before anyone decided: the same approval, not a second.
+    let again = post(server.addr, Version::Http1, EVALUATION, &call.to_string())
+        .await
+        .json();
+    assert_eq!(again["context"]["approval_id"], approval_id.as_str());
+
+    let decided = ApprovalServiceClient::new(server.channel().await)
+        .decide_approval(pb::DecideApprovalRequest {
+            identity_token: token("dana", "acme", &["support_admin"]),
+            approval_id: approval_id.clone(),
+            verdict: pb::Verdict::Approve.into(),
+            arguments_sha256: sha.clone(),
+            reason: "invoice checked".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decided.error, None);
+
+    call["context"]["approval_id"] = json!(approval_id);
+    let allowed = post(server.addr, Version::H2, EVALUATION, &call.to_string())
+        .await
+        .json();
+    assert_eq!(allowed["decision"], true, "{allowed}");
+    assert_eq!(allowed["context"]["approval_id"], approval_id.as_str());
+    assert_eq!(allowed["context"]["arguments_sha256"], sha.as_str());
+    // One argument changed: the approval is not this call's.
+    call["resource"]["properties"]["arguments"]["amount_cents"] = json!(20_001);
+    let changed = post(server.addr, Version::H2, EVALUATION, &call.to_string())
+        .await
+        .json();
+    assert_eq!(changed["decision"], false);
+    assert_eq!(changed["context"]["reason"], "approval_mismatch");
+    assert_eq!(changed["context"]["approval_id"], approval_id.as_str());
+}
