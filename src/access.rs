@@ -38,17 +38,21 @@ pub enum ServiceName {
     /// the deployment's own data feed, per tenant. Writing entities changes
     /// decisions: neither executors nor approval UIs need it.
     Entities,
+    /// The OpenID AuthZEN door over HTTP (`/.well-known/authzen-configuration`,
+    /// `/access/v1/*`): decisions for MCP gateways and other AuthZEN PEPs.
+    Authzen,
 }
 
 impl ServiceName {
     /// Every grantable service, in config-name order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Authorization,
         Self::Approvals,
         Self::Ledger,
         Self::Policy,
         Self::Reflection,
         Self::Entities,
+        Self::Authzen,
     ];
 
     /// The name used in `[[access]] services`.
@@ -61,6 +65,7 @@ impl ServiceName {
             Self::Policy => "policy",
             Self::Reflection => "reflection",
             Self::Entities => "entities",
+            Self::Authzen => "authzen",
         }
     }
 
@@ -83,9 +88,13 @@ pub enum Target {
     Unknown,
 }
 
-/// The target of a gRPC request path (`/package.Service/Method`).
+/// The target of a request path: a gRPC path (`/package.Service/Method`)
+/// or one of the AuthZEN door's HTTP paths.
 #[must_use]
 pub fn target_of_path(path: &str) -> Target {
+    if path == "/.well-known/authzen-configuration" || path.starts_with("/access/v1/") {
+        return Target::Service(ServiceName::Authzen);
+    }
     let service = path
         .strip_prefix('/')
         .and_then(|p| p.split('/').next())
@@ -555,6 +564,15 @@ mod tests {
             target_of_path("/grpc.health.v1.Health/Check"),
             Target::Health
         );
+        assert_eq!(
+            target_of_path("/.well-known/authzen-configuration"),
+            Target::Service(ServiceName::Authzen)
+        );
+        assert_eq!(
+            target_of_path("/access/v1/evaluations"),
+            Target::Service(ServiceName::Authzen)
+        );
+        assert_eq!(target_of_path("/access/v2/evaluation"), Target::Unknown);
         assert_eq!(target_of_path("/evil.Service/X"), Target::Unknown);
         assert_eq!(target_of_path(""), Target::Unknown);
     }

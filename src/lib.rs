@@ -28,6 +28,8 @@
 //! - [`server`]: the one wiring: a [`config::Config`] becomes the running
 //!   services and their background jobs.
 //! - [`grpc`]: the wire surface (the only importer of tonic and prost).
+//! - [`authzen`]: the OpenID AuthZEN door for MCP gateways (DESIGN §11.1),
+//!   served over HTTP on the same listener.
 //! - [`policy_cases`]: `toolgate test`, policy test cases run through the
 //!   pipeline.
 //! - [`mcp`]: `toolgate tools import`, contract skeletons from an MCP
@@ -39,6 +41,7 @@
 pub mod access;
 pub mod approvals;
 pub mod audit;
+pub mod authzen;
 pub mod clock;
 pub mod config;
 pub mod decision;

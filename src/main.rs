@@ -70,7 +70,8 @@ enum Command {
     /// provider's tokens against its published key set.
     #[command(subcommand)]
     Dev(DevCommand),
-    /// Tool contracts.
+    /// Tool contracts and MCP: import them from an MCP server, print one as
+    /// an MCP server publishes it.
     #[command(subcommand)]
     Tools(ToolsCommand),
 }
@@ -85,6 +86,20 @@ enum ToolsCommand {
     /// unchanged, 3 when a changed one was not written, 1 on an error (2 is
     /// a usage error).
     Import(ImportArgs),
+    /// Print a tool's MCP `inputSchema` with its COAZ-MCP declared mapping
+    /// (`x-authzen-mapping`), as the configuration's `[authzen]` pointers
+    /// and identity claim names make it: what an MCP server publishes in
+    /// `tools/list` so that a gateway enforcing through toolgate's AuthZEN
+    /// door sends exactly what toolgate reads.
+    McpSchema {
+        /// The tool's name.
+        tool: String,
+        /// The configuration file (default `./toolgate.toml` if present).
+        #[arg(long, env = "TOOLGATE_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        policies: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -249,6 +264,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             format,
             deny_warnings,
         } => Ok(check(&policies, format, deny_warnings)),
+        Command::Tools(ToolsCommand::McpSchema {
+            tool,
+            config,
+            policies,
+        }) => mcp_schema(&tool, config.as_deref(), policies),
         Command::Schema { policies } => {
             let engine = load_or_report(&policies)?;
             print!("{}", engine.schema_text());
@@ -580,6 +600,7 @@ fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
         // The operator's own question, on the command line: any tenant.
         tenants: TenantScope::Any,
         door: Door::Executor,
+        action: String::new(),
     };
     let outcome = runtime.block_on(services.authorizer.authorize(&input))?;
     let json = serde_json::json!({
@@ -602,4 +623,28 @@ fn authorize(args: AuthorizeArgs) -> anyhow::Result<ExitCode> {
         toolgate::decision::Decision::Deny => ExitCode::from(2),
         toolgate::decision::Decision::ApprovalRequired => ExitCode::from(3),
     })
+}
+
+/// `toolgate tools mcp-schema`: exit 1 naming an unknown tool.
+fn mcp_schema(
+    tool: &str,
+    config: Option<&std::path::Path>,
+    policies: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    let config = Config::load(
+        config,
+        Overrides {
+            policies,
+            ..Overrides::default()
+        },
+    )?;
+    let engine = load_or_report(&config.policies)?;
+    let Some(contract) = engine.tools().get(tool) else {
+        eprintln!("error: no tool `{tool}` in {}", config.policies.display());
+        return Ok(ExitCode::FAILURE);
+    };
+    let mapping = toolgate::authzen::declared_mapping(&config.authzen, &config.verifier.claims);
+    let schema = toolgate::authzen::mcp_input_schema(&contract.input_schema_json, &mapping);
+    println!("{}", serde_json::to_string_pretty(&schema)?);
+    Ok(ExitCode::SUCCESS)
 }

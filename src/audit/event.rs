@@ -38,6 +38,28 @@ pub struct DecisionAudit<'a> {
     pub approval_created: Option<&'a str>,
     /// The approval id the executor presented (empty for none).
     pub approval_presented: &'a str,
+    /// The door the call came through (`executor` or `gateway`).
+    pub door: &'a str,
+    /// The gateway's action name (cut when echoed); empty for an executor.
+    pub action: &'a str,
+}
+
+/// What a refused gateway request's event says (see
+/// [`AuditEvent::refused_request`]): where it came and why it was refused,
+/// never what it carried.
+#[derive(Debug, Clone, Copy)]
+pub struct RefusalAudit<'a> {
+    /// The door (`authzen`).
+    pub door: &'a str,
+    /// The endpoint path.
+    pub endpoint: &'a str,
+    pub peer: &'a str,
+    /// The PEP's request id (`X-Request-ID`, cut when echoed).
+    pub request_id: &'a str,
+    /// The HTTP status answered.
+    pub status: u16,
+    /// A stable reason (`duplicate_key`, `not_a_tool`, `no_tenant`, …).
+    pub reason: &'a str,
 }
 
 /// One audit event: an object of ids, hashes and outcomes.
@@ -112,7 +134,22 @@ impl AuditEvent {
             .with("code", d.code)
             .with("policies", d.policies.to_vec())
             .with("approval_id", approval_id)
+            .with("door", d.door)
+            .with("action", echo(d.action))
             .with("latency_us", micros(latency))
+    }
+
+    /// The event of a gateway request refused before any decision: one per
+    /// refusal (a malformed body, a request that names no tenant, …).
+    #[must_use]
+    pub fn refused_request(r: &RefusalAudit<'_>) -> Self {
+        Self::new("request_refused")
+            .with("door", r.door)
+            .with("endpoint", r.endpoint)
+            .with("peer", r.peer.to_owned())
+            .with("request_id", echo(r.request_id))
+            .with("status", r.status)
+            .with("reason", r.reason)
     }
 
     /// The event of one DecideApproval call: `outcome` is `approved`,

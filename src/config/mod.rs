@@ -105,8 +105,8 @@ mod tests;
 
 use raw::RawConfig;
 use sections::{
-    access_policy, audit_config, ledger_config, rate_limits, reload_triggers, store_settings,
-    verifier_config,
+    access_policy, audit_config, authzen_config, ledger_config, rate_limits, reload_triggers,
+    store_settings, verifier_config,
 };
 use sources::{env_table, merge, read};
 
@@ -165,6 +165,8 @@ pub struct Config {
     /// How often due approvals are marked expired and announced (1 s; not
     /// a file key: tests on an injected clock shorten it).
     pub approval_expiry_interval: Duration,
+    /// `[authzen]`: the AuthZEN door's mapping and answers.
+    pub authzen: crate::authzen::AuthzenConfig,
 }
 
 /// `[tls]` files.
@@ -374,6 +376,7 @@ impl Config {
                 .grace_ms
                 .map_or(shutdown_default, Duration::from_millis),
             cors_origins: raw.grpc_web.allowed_origins,
+            authzen: authzen_config(raw.authzen)?,
             approval_expiry_interval: DEFAULT_APPROVAL_EXPIRY_INTERVAL,
             policies: o
                 .policies

@@ -39,6 +39,30 @@ pub(super) struct RawConfig {
     pub(super) shutdown: RawShutdown,
     #[serde(default)]
     pub(super) grpc_web: RawGrpcWeb,
+    #[serde(default)]
+    pub(super) authzen: RawAuthzen,
+}
+
+/// `[authzen]`: the AuthZEN door's mapping pointers and answers.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAuthzen {
+    pub(super) default_tenant: Option<String>,
+    pub(super) tool_types: Option<Vec<String>>,
+    pub(super) arguments: Option<Vec<String>>,
+    pub(super) subject: Option<String>,
+    pub(super) tenant: Option<String>,
+    pub(super) roles: Option<String>,
+    pub(super) scopes: Option<String>,
+    pub(super) agent: Option<String>,
+    pub(super) session: Option<String>,
+    pub(super) request_id: Option<Vec<String>>,
+    pub(super) approval_id: Option<String>,
+    pub(super) identity_token_header: Option<String>,
+    pub(super) policy_decision_point: Option<String>,
+    pub(super) access_request_endpoint: Option<String>,
+    pub(super) max_body_bytes: Option<usize>,
+    pub(super) max_evaluations: Option<usize>,
 }
 
 /// `[ledger]`: the execution ledger's budget, leases and retention.

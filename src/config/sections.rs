@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::raw::{
-    RawAudit, RawGrant, RawIdentity, RawLedger, RawLimit, RawRateLimits, RawReload,
+    RawAudit, RawAuthzen, RawGrant, RawIdentity, RawLedger, RawLimit, RawRateLimits, RawReload,
     RawStoreSettings,
 };
 use super::{
@@ -15,6 +15,7 @@ use super::{
 };
 use crate::access::{AccessPolicy, CallerPattern, Grant, ServiceName, TenantScope};
 use crate::audit::{AuditConfig, AuditSink, WhenFull};
+use crate::authzen::{AuthzenConfig, is_evaluation_pointer};
 use crate::identity::{ClaimNames, VerifierConfig};
 use crate::ledger::LedgerConfig;
 use crate::policy::ReloadTriggers;
@@ -244,9 +245,9 @@ pub(super) fn access_policy(
     Ok(AccessPolicy::Grants(grants))
 }
 
-/// The tenants of one grant. A grant of `authorization`, `ledger` or
-/// `entities` names them (least privilege: an executor or a data feed acts
-/// for no tenant it was not given);
+/// The tenants of one grant. A grant of `authorization`, `ledger`,
+/// `entities` or `authzen` names them (least privilege: an executor, a
+/// gateway or a data feed acts for no tenant it was not given);
 /// `approvals` need none, since an approver's tenant is its verified token's.
 fn grant_tenants(
     caller: &str,
@@ -257,6 +258,7 @@ fn grant_tenants(
         ServiceName::Authorization,
         ServiceName::Ledger,
         ServiceName::Entities,
+        ServiceName::Authzen,
     ]
     .iter()
     .any(|s| services.contains(s));
@@ -265,7 +267,7 @@ fn grant_tenants(
             return Err(invalid(
                 "access.tenants",
                 format!(
-                    "the grant of `{caller}` gives authorization, ledger or entities, so it names \
+                    "the grant of `{caller}` gives authorization, ledger, entities or authzen, so it names \
                      the tenants its caller may act for (`tenants = [\"acme\"]`, or \
                      `[\"*\"]` for every tenant)"
                 ),
@@ -366,5 +368,113 @@ pub(super) fn rate_limits(raw: RawRateLimits) -> Result<RateLimitConfig, ConfigE
             .iter()
             .map(|(name, l)| Ok((name.clone(), limit("rate_limits.tools", l)?)))
             .collect::<Result<_, ConfigError>>()?,
+    })
+}
+
+/// `[authzen]`: each pointer a pointer into an evaluation, each list
+/// non-empty, the URLs `https` (or `http` for a loopback development PDP),
+/// the caps positive.
+pub(super) fn authzen_config(raw: RawAuthzen) -> Result<AuthzenConfig, ConfigError> {
+    let d = AuthzenConfig::default();
+    let one = |key: &'static str, v: Option<String>, default: String| {
+        let v = v.unwrap_or(default);
+        if is_evaluation_pointer(&v) {
+            Ok(v)
+        } else {
+            Err(invalid(
+                key,
+                format!(
+                    "`{v}` is not a JSON pointer below `/subject`, `/resource`, `/action` or `/context`"
+                ),
+            ))
+        }
+    };
+    let many = |key: &'static str, v: Option<Vec<String>>, default: Vec<String>| {
+        let v = v.unwrap_or(default);
+        if v.is_empty() {
+            return Err(invalid(key, "names no pointer"));
+        }
+        if let Some(bad) = v.iter().find(|p| !is_evaluation_pointer(p)) {
+            return Err(invalid(
+                key,
+                format!(
+                    "`{bad}` is not a JSON pointer below `/subject`, `/resource`, `/action` or `/context`"
+                ),
+            ));
+        }
+        Ok(v)
+    };
+    let url = |key: &'static str, v: Option<String>| -> Result<Option<String>, ConfigError> {
+        match v {
+            None => Ok(None),
+            Some(u)
+                if (u.starts_with("https://") || u.starts_with("http://"))
+                    && !u.contains('?')
+                    && !u.contains('#') =>
+            {
+                Ok(Some(u))
+            }
+            Some(u) => Err(invalid(
+                key,
+                format!("`{u}` is not an https URL without query or fragment"),
+            )),
+        }
+    };
+    let tool_types = raw.tool_types.unwrap_or(d.tool_types);
+    if tool_types.is_empty() || tool_types.iter().any(String::is_empty) {
+        return Err(invalid(
+            "authzen.tool_types",
+            "must name at least one resource type, none empty",
+        ));
+    }
+    if raw.default_tenant.as_deref() == Some("") {
+        return Err(invalid(
+            "authzen.default_tenant",
+            "must not be empty (leave it unset to refuse requests without a tenant)",
+        ));
+    }
+    let header = raw
+        .identity_token_header
+        .unwrap_or(d.identity_token_header)
+        .to_ascii_lowercase();
+    if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
+        return Err(invalid(
+            "authzen.identity_token_header",
+            format!("`{header}` is not a header name"),
+        ));
+    }
+    let positive = |key: &'static str, v: Option<usize>, default: usize| match v {
+        Some(0) => Err(invalid(key, "must be positive")),
+        Some(n) => Ok(n),
+        None => Ok(default),
+    };
+    Ok(AuthzenConfig {
+        default_tenant: raw.default_tenant,
+        tool_types,
+        arguments: many("authzen.arguments", raw.arguments, d.arguments)?,
+        subject: one("authzen.subject", raw.subject, d.subject)?,
+        tenant: one("authzen.tenant", raw.tenant, d.tenant)?,
+        roles: one("authzen.roles", raw.roles, d.roles)?,
+        scopes: one("authzen.scopes", raw.scopes, d.scopes)?,
+        agent: one("authzen.agent", raw.agent, d.agent)?,
+        session: one("authzen.session", raw.session, d.session)?,
+        request_id: many("authzen.request_id", raw.request_id, d.request_id)?,
+        approval_id: one("authzen.approval_id", raw.approval_id, d.approval_id)?,
+        identity_token_header: header,
+        policy_decision_point: url("authzen.policy_decision_point", raw.policy_decision_point)?,
+        access_request_endpoint: url(
+            "authzen.access_request_endpoint",
+            raw.access_request_endpoint,
+        )?,
+        max_body_bytes: positive(
+            "authzen.max_body_bytes",
+            raw.max_body_bytes,
+            d.max_body_bytes,
+        )?,
+        max_evaluations: positive(
+            "authzen.max_evaluations",
+            raw.max_evaluations,
+            d.max_evaluations,
+        )?,
     })
 }

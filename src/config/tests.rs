@@ -570,3 +570,56 @@ fn pending_approval_caps_are_configurable_and_positive() {
         }
     }
 }
+
+/// `[authzen]`: no default tenant unless set, each pointer movable and
+/// checked, the URLs and caps validated, the environment as for any key.
+#[test]
+fn the_authzen_section_moves_pointers_and_is_validated() {
+    let c = load("", &[]).unwrap();
+    assert_eq!(c.authzen, crate::authzen::AuthzenConfig::default());
+    assert_eq!(c.authzen.default_tenant, None);
+    let c = load(
+        "[authzen]\ntenant = \"/context/tenant\"\narguments = [\"/context/args\"]\n\
+         identity_token_header = \"X-User-Token\"\n\
+         access_request_endpoint = \"https://access.example.com/requests\"\n",
+        &[("TOOLGATE_AUTHZEN__DEFAULT_TENANT", "acme")],
+    )
+    .unwrap();
+    assert_eq!(c.authzen.default_tenant.as_deref(), Some("acme"));
+    assert_eq!(c.authzen.tenant, "/context/tenant");
+    assert_eq!(c.authzen.arguments, ["/context/args"]);
+    assert_eq!(c.authzen.identity_token_header, "x-user-token");
+    assert_eq!(
+        c.authzen.access_request_endpoint.as_deref(),
+        Some("https://access.example.com/requests")
+    );
+    for (text, message) in [
+        (
+            "[authzen]\ntenant = \"tenant\"\n",
+            "invalid `authzen.tenant`: `tenant` is not a JSON pointer below `/subject`, `/resource`, `/action` or `/context`",
+        ),
+        (
+            "[authzen]\nrequest_id = []\n",
+            "invalid `authzen.request_id`: names no pointer",
+        ),
+        (
+            "[authzen]\ndefault_tenant = \"\"\n",
+            "invalid `authzen.default_tenant`: must not be empty (leave it unset to refuse requests without a tenant)",
+        ),
+        (
+            "[authzen]\npolicy_decision_point = \"https://pdp.example.com/?x=1\"\n",
+            "invalid `authzen.policy_decision_point`: `https://pdp.example.com/?x=1` is not an https URL without query or fragment",
+        ),
+        (
+            "[authzen]\nmax_evaluations = 0\n",
+            "invalid `authzen.max_evaluations`: must be positive",
+        ),
+    ] {
+        assert_eq!(load(text, &[]).unwrap_err().to_string(), message, "{text}");
+    }
+    let typo = load("[authzen]\ndefault_tenent = \"acme\"\n", &[]).unwrap_err();
+    assert!(
+        typo.to_string().contains("unknown field `default_tenent`"),
+        "{typo}"
+    );
+}

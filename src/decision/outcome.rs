@@ -33,6 +33,9 @@ pub struct AuthorizeInput {
     /// Which door the call came through: it selects the approval rule
     /// (DESIGN §4 for an executor, §11.3 for a gateway).
     pub door: Door,
+    /// The gateway's action name (AuthZEN `action.name`: `tools/call` or
+    /// the tool's name), kept in the audit event; empty for an executor.
+    pub action: String,
 }
 
 /// The door a call came through.

@@ -790,6 +790,8 @@ fn audited<'a>(input: &'a AuthorizeInput, outcome: &'a AuthorizeOutcome) -> Deci
         policies: &outcome.policies,
         approval_created: outcome.approval.as_ref().map(|a| a.0.as_str()),
         approval_presented: &input.approval_id,
+        door: input.door.as_str(),
+        action: &input.action,
     }
 }
 

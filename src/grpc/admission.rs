@@ -17,7 +17,7 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::access::{AccessPolicy, PeerIdentity, Target, TenantScope, target_of_path};
+use crate::access::{AccessPolicy, PeerIdentity, ServiceName, Target, TenantScope, target_of_path};
 use crate::metrics::Metrics;
 
 /// The [`PeerIdentity`] of a connection, from what tonic recorded of it.
@@ -40,6 +40,17 @@ fn peer_of(ext: &http::Extensions) -> PeerIdentity {
         return PeerIdentity::unix(uds.peer_cred.map(|c| c.uid()));
     }
     PeerIdentity::default()
+}
+
+/// An AuthZEN request refused here: the door's own `403` (an HTTP
+/// client reads no gRPC status), its `X-Request-ID` echoed.
+fn http_refusal(req: &http::Request<Body>, message: &str) -> http::Response<Body> {
+    let mut response = crate::authzen::desk::forbidden(message).map(Body::new);
+    let mut ids = req.headers().get_all("x-request-id").iter();
+    if let (Some(id), None) = (ids.next(), ids.next()) {
+        response.headers_mut().insert("x-request-id", id.clone());
+    }
+    response
 }
 
 /// The service a path names, as the metrics and messages label it.
@@ -157,25 +168,29 @@ where
                 reason,
                 "HTTP/1.1 request refused on the open loopback listener (DNS rebinding guard)"
             );
+            let message = match refusal {
+                crate::access::BrowserRefusal::Host => {
+                    "an open loopback listener serves only requests addressed to a loopback host"
+                }
+                crate::access::BrowserRefusal::Origin => {
+                    "an open loopback listener serves browsers only from a loopback origin or a configured grpc_web.allowed_origins entry"
+                }
+            };
+            if target == Target::Service(ServiceName::Authzen) {
+                return Box::pin(std::future::ready(Ok(http_refusal(&req, message))));
+            }
             let details = ErrorDetails::with_error_info(reason, "toolgate", []);
-            let status = Status::with_error_details(
-                Code::PermissionDenied,
-                match refusal {
-                    crate::access::BrowserRefusal::Host => {
-                        "an open loopback listener serves only requests addressed to a loopback host"
-                    }
-                    crate::access::BrowserRefusal::Origin => {
-                        "an open loopback listener serves browsers only from a loopback origin or a configured grpc_web.allowed_origins entry"
-                    }
-                },
-                details,
-            );
+            let status = Status::with_error_details(Code::PermissionDenied, message, details);
             return Box::pin(std::future::ready(Ok(status.into_http())));
         }
         if !self.layer.policy.allows(&peer, target) {
             let service = service_label(target);
             self.layer.metrics.access_denied(service);
             tracing::warn!(caller = %peer, service, "call refused: the caller has no grant for the service");
+            if target == Target::Service(ServiceName::Authzen) {
+                let message = format!("caller `{peer}` may not call the {service} service");
+                return Box::pin(std::future::ready(Ok(http_refusal(&req, &message))));
+            }
             let details = ErrorDetails::with_error_info(
                 "caller_not_granted",
                 "toolgate",

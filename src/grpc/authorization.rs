@@ -24,11 +24,21 @@ const MAX_BATCH: usize = 128;
 pub struct AuthorizationApi {
     authorizer: Arc<ToolCallAuthorizer>,
     ledger: Arc<LedgerDesk>,
+    /// The COAZ-MCP declared mapping every tool publishes (`[authzen]`).
+    mcp_mapping: Arc<serde_json::Value>,
 }
 
 impl AuthorizationApi {
-    pub fn new(authorizer: Arc<ToolCallAuthorizer>, ledger: Arc<LedgerDesk>) -> Self {
-        Self { authorizer, ledger }
+    pub fn new(
+        authorizer: Arc<ToolCallAuthorizer>,
+        ledger: Arc<LedgerDesk>,
+        mcp_mapping: serde_json::Value,
+    ) -> Self {
+        Self {
+            authorizer,
+            ledger,
+            mcp_mapping: Arc::new(mcp_mapping),
+        }
     }
 
     /// Decides one call, and begins its execution when asked and allowed.
@@ -100,6 +110,7 @@ fn call(
         entities_json,
         tool_version,
         door: Door::Executor,
+        action: String::new(),
     };
     Call {
         input,
@@ -273,7 +284,11 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
         let Some(auth) = auth else {
             let engine = self.authorizer.engine();
             return Ok(Response::new(pb::ListToolsResponse {
-                tools: engine.tools().iter().map(tool_info).collect(),
+                tools: engine
+                    .tools()
+                    .iter()
+                    .map(|t| tool_info(t, &self.mcp_mapping))
+                    .collect(),
                 policy_version: engine.version().to_owned(),
             }));
         };
@@ -291,13 +306,19 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
             Err(e) => return Err(Status::internal(e.message)),
         };
         Ok(Response::new(pb::ListToolsResponse {
-            tools: callable.tools.iter().map(|t| tool_info(t)).collect(),
+            tools: callable
+                .tools
+                .iter()
+                .map(|t| tool_info(t, &self.mcp_mapping))
+                .collect(),
             policy_version: callable.policy_version,
         }))
     }
 }
 
-fn tool_info(t: &ToolContract) -> pb::ToolInfo {
+/// A tool as `ListTools` shows it, with the AuthZEN mapping an MCP server
+/// declares for it (`x-authzen-mapping`, DESIGN §11.1).
+fn tool_info(t: &ToolContract, mcp_mapping: &serde_json::Value) -> pb::ToolInfo {
     pb::ToolInfo {
         name: t.name.clone(),
         version: t.version.clone(),
@@ -312,6 +333,7 @@ fn tool_info(t: &ToolContract) -> pb::ToolInfo {
         parallel: t.parallel,
         idempotent: t.idempotent,
         timeout_ms: t.timeout_ms,
+        authzen_mapping_json: mcp_mapping.to_string(),
     }
 }
 

@@ -14,6 +14,7 @@ mod health;
 mod ledger;
 mod listen;
 mod policy;
+mod web;
 
 pub use listen::{ListenError, bind_unix};
 
@@ -30,6 +31,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::access::AccessPolicy;
 use crate::approvals::desk::ApprovalDesk;
+use crate::authzen::desk::AuthzenDesk;
 use crate::decision::ToolCallAuthorizer;
 use crate::entities::desk::EntityDesk;
 use crate::ledger::desk::LedgerDesk;
@@ -75,6 +77,10 @@ pub struct Handlers {
     pub policies: Arc<PolicyReloader>,
     /// Where refused connections are counted.
     pub metrics: Arc<Metrics>,
+    /// The AuthZEN door, served over HTTP beside the gRPC services.
+    pub authzen: Arc<AuthzenDesk>,
+    /// The COAZ-MCP declared mapping `ListTools` publishes per tool.
+    pub mcp_mapping: serde_json::Value,
 }
 
 /// A bound listener.
@@ -167,10 +173,13 @@ pub async fn serve(
         entities,
         policies,
         metrics,
+        authzen,
+        mcp_mapping,
     } = handlers;
     let authorization = AuthorizationServiceServer::new(authorization::AuthorizationApi::new(
         authorizer,
         Arc::clone(&ledger),
+        mcp_mapping,
     ));
     // Open watch streams would hold a graceful shutdown forever: they end
     // (with UNAVAILABLE, so clients watch again elsewhere) once it starts.
@@ -202,13 +211,20 @@ pub async fn serve(
         .await;
     let probe = tokio::spawn(follow_store(store_answers, reporter.clone()));
 
-    let routes = Routes::new(health)
+    let grpc_routes = Routes::new(health)
         .add_service(reflection)
         .add_service(authorization)
         .add_service(approvals)
         .add_service(ledger)
         .add_service(policy)
         .add_service(entities);
+    // The AuthZEN door's HTTP routes beside the gRPC services, behind the
+    // same layers (admission included).
+    let routes = Routes::from(
+        grpc_routes
+            .into_axum_router()
+            .merge(crate::authzen::desk::router(authzen)),
+    );
 
     let drain = options.drain;
     let probe_stop = probe.abort_handle();
@@ -296,8 +312,9 @@ enum Incoming {
     Unix(UnixListenerStream),
 }
 
-/// The server on one incoming stream: CORS, then gRPC-Web, then the access
-/// layer, in front of every route.
+/// The server on one incoming stream: CORS, then gRPC-Web (except for the
+/// AuthZEN door's plain HTTP), then the access layer, in front of every
+/// route.
 async fn run<I, IO>(
     incoming: I,
     routes: Routes,
@@ -320,7 +337,7 @@ where
     builder
         .accept_http1(true)
         .layer(cors(&options.cors_origins)?)
-        .layer(tonic_web::GrpcWebLayer::new())
+        .layer(web::GrpcWebExceptDoorLayer)
         .layer(admission::AccessLayer::new(
             options.access.clone(),
             &options.cors_origins,

@@ -282,6 +282,7 @@ async fn decide_call(
         // A case is the policy author's own: it may be of any tenant.
         tenants: TenantScope::Any,
         door: Door::Executor,
+        action: String::new(),
     };
     let first = authorizer.authorize(&input).await;
     if call.approved

@@ -26,6 +26,7 @@ use crate::access::AccessPolicy;
 use crate::approvals::ApprovalEvents;
 use crate::approvals::desk::{ApprovalDesk, ApprovalDeskParts};
 use crate::audit::{Audit, AuditError};
+use crate::authzen::desk::{AuthzenDesk, AuthzenParts};
 use crate::clock::Clock;
 use crate::config::{Config, ListenAddr};
 use crate::decision::{AuthorizerParts, ToolCallAuthorizer};
@@ -92,6 +93,8 @@ pub struct Services {
     pub ledger: Arc<LedgerDesk>,
     /// The entity store's desk (DESIGN §11.6).
     pub entities: Arc<EntityDesk>,
+    /// The AuthZEN door (DESIGN §11.1), on the same pipeline.
+    pub authzen: Arc<AuthzenDesk>,
     jobs: jobs::Schedule,
 }
 
@@ -172,6 +175,14 @@ pub async fn assemble(
         audit: Arc::clone(&audit),
         metrics: Arc::clone(&metrics),
     }));
+    let authzen = Arc::new(AuthzenDesk::new(AuthzenParts {
+        authorizer: Arc::clone(&authorizer),
+        audit: Arc::clone(&audit),
+        config: config.authzen.clone(),
+        argument_limits: config.authorizer.limits,
+        require_identity_token: config.require_identity_token,
+        tls: config.tls.is_some(),
+    }));
     Ok(Services {
         policies,
         store,
@@ -182,6 +193,7 @@ pub async fn assemble(
         approvals,
         ledger,
         entities,
+        authzen,
         jobs: jobs::Schedule {
             approval_expiry: config.approval_expiry_interval,
             reload: config.reload,
@@ -330,6 +342,8 @@ pub async fn serve(
     }
     let handlers = grpc::Handlers {
         authorizer: Arc::clone(&services.authorizer),
+        authzen: Arc::clone(&services.authzen),
+        mcp_mapping: crate::authzen::declared_mapping(&config.authzen, &config.verifier.claims),
         approvals: Arc::clone(&services.approvals),
         ledger: Arc::clone(&services.ledger),
         entities: Arc::clone(&services.entities),

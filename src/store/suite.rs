@@ -71,15 +71,15 @@ macro_rules! store_suite {
 }
 pub(crate) use store_suite;
 
+pub use super::entity_suite::{
+    concurrent_upserts_leave_one_whole_entity, entities_are_replaced_read_and_deleted_by_uid,
+    entities_of_one_tenant_are_invisible_to_another, the_ancestor_walk_is_transitive_and_bounded,
+};
 pub use super::gateway_suite::{
     a_gateway_approval_serves_only_its_own_call,
     a_gateway_call_finds_its_approval_without_its_request_id,
     a_gateway_call_takes_the_oldest_usable_approval,
     one_approval_runs_one_of_racing_gateway_and_executor_calls,
-};
-pub use super::entity_suite::{
-    concurrent_upserts_leave_one_whole_entity, entities_are_replaced_read_and_deleted_by_uid,
-    entities_of_one_tenant_are_invisible_to_another, the_ancestor_walk_is_transitive_and_bounded,
 };
 
 /// Every result is valid: these tests are about persistence, not schemas.

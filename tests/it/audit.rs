@@ -158,6 +158,8 @@ async fn the_audit_log_has_one_event_per_decision_and_no_secrets() {
         "code",
         "policies",
         "approval_id",
+        "door",
+        "action",
         "latency_us",
     ];
     for (event, answer, call_id, request_id) in [

@@ -148,6 +148,23 @@ impl Pki {
         }
     }
 
+    /// The server's TLS files, as a deployment configures them: a
+    /// `localhost` certificate this CA issued, its key, and this CA as the
+    /// client CA, written in `dir`.
+    pub(crate) fn server_files(&self, dir: &std::path::Path) -> TlsFiles {
+        let (cert, key) = self.issue("toolgate", &["localhost"], &[], true);
+        let write = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        TlsFiles {
+            cert: write("server.pem", &cert),
+            key: write("server.key", &key),
+            client_ca: Some(write("ca.pem", &self.ca_pem)),
+        }
+    }
+
     /// (certificate PEM, key PEM) for `cn` with DNS or URI SANs.
     pub(crate) fn issue(
         &self,
@@ -200,7 +217,6 @@ pub(crate) async fn tls_channel(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_maps_certificates_to_grants() {
     let pki = Pki::new("toolgate test CA");
-    let (server_cert, server_key) = pki.issue("toolgate", &["localhost"], &[], true);
     let executor = pki.issue("executor", &[], &["spiffe://acme/executor"], false);
     let ui = pki.issue("approval-ui", &[], &[], false);
     let operator = pki.issue("toolgate-operator", &[], &[], false);
@@ -209,16 +225,7 @@ async fn mutual_tls_maps_certificates_to_grants() {
 
     // The server reads its TLS identity and client CA from files, as configured.
     let pem = tempfile::tempdir().unwrap();
-    let write = |name: &str, text: &str| {
-        let path = pem.path().join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    };
-    let tls = TlsFiles {
-        cert: write("server.pem", &server_cert),
-        key: write("server.key", &server_key),
-        client_ca: Some(write("ca.pem", &pki.ca_pem)),
-    };
+    let tls = pki.server_files(pem.path());
     let server = TestServer::start_setup(|c| {
         c.access = AccessPolicy::Grants(vec![
             grant(

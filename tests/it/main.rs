@@ -16,6 +16,7 @@ mod architecture;
 mod audit;
 mod authorize;
 mod callable_tools;
+mod authzen;
 mod cli;
 mod decoding_path;
 mod gateway_approvals;

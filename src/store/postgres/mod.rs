@@ -67,8 +67,8 @@ use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled};
 
-mod gateway;
 mod entities;
+mod gateway;
 mod migrations;
 mod relay;
 mod rows;
