@@ -203,16 +203,6 @@ fn error_response(refused: &Refused) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    if refused.status == StatusCode::METHOD_NOT_ALLOWED {
-        let allow = if refused.reason == "method_not_allowed_get" {
-            "GET"
-        } else {
-            "POST"
-        };
-        response
-            .headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static(allow));
-    }
     response
 }
 
@@ -238,7 +228,18 @@ impl AuthzenDesk {
                 "an AuthZEN refusal could not be audited"
             );
         }
-        error_response(refused)
+        let mut response = error_response(refused);
+        if refused.status == StatusCode::METHOD_NOT_ALLOWED {
+            let allow = if incoming.endpoint == METADATA_PATH {
+                "GET, HEAD"
+            } else {
+                "POST"
+            };
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
+        response
     }
 
     /// The transport checks of a POST endpoint and the strict decoding of
@@ -474,7 +475,7 @@ impl AuthzenDesk {
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return Err(Refused {
                 status: StatusCode::METHOD_NOT_ALLOWED,
-                reason: "method_not_allowed_get",
+                reason: "method_not_allowed",
                 message: format!("`{METADATA_PATH}` takes GET"),
             });
         }

@@ -324,7 +324,7 @@ async fn the_metadata_names_the_endpoints_over_http1_and_h2() {
         // Only GET (and HEAD).
         let posted = post(server.addr, version, METADATA, "{}").await;
         assert_eq!(posted.status, 405);
-        assert_eq!(posted.header("allow"), Some("GET"));
+        assert_eq!(posted.header("allow"), Some("GET, HEAD"));
         assert_eq!(
             posted.text(),
             "`/.well-known/authzen-configuration` takes GET"
