@@ -207,8 +207,8 @@ fn error_response(refused: &Refused) -> Response {
 }
 
 impl AuthzenDesk {
-    /// Records a refused request (one event), then answers it.
-    async fn refuse(&self, incoming: &Incoming, refused: &Refused) -> Response {
+    /// Records a refused request (or evaluation): one event.
+    async fn audit_refusal(&self, incoming: &Incoming, refused: &Refused) {
         let request_id = incoming
             .request_id
             .as_ref()
@@ -228,6 +228,11 @@ impl AuthzenDesk {
                 "an AuthZEN refusal could not be audited"
             );
         }
+    }
+
+    /// Records a refused request, then answers it.
+    async fn refuse(&self, incoming: &Incoming, refused: &Refused) -> Response {
+        self.audit_refusal(incoming, refused).await;
         let mut response = error_response(refused);
         if refused.status == StatusCode::METHOD_NOT_ALLOWED {
             let allow = if incoming.endpoint == METADATA_PATH {
@@ -400,8 +405,8 @@ impl AuthzenDesk {
                 Err(refusal) => {
                     // Not evaluable: closed, with the error in its place
                     // (AuthZEN §7.2), and audited as a refusal.
-                    let refused = Refused::bad_request(refusal.clone());
-                    let _ = self.refuse(incoming, &refused).await;
+                    self.audit_refusal(incoming, &Refused::bad_request(refusal.clone()))
+                        .await;
                     json!({
                         "decision": false,
                         "context": {
