@@ -1378,8 +1378,8 @@ async fn action_search_answers_the_tools_a_principal_may_call() {
 }
 
 /// A TLS connection to `addr` as `localhost`, trusting `ca_pem`, with a
-/// client certificate; ALPN offers `h2` for h2 and nothing for HTTP/1.1
-/// (the listener's ALPN names only `h2`).
+/// client certificate; ALPN offers only the one version, as an HTTP/1.1-only
+/// client (Python's httpx, `curl --http1.1`) does.
 async fn tls_connect(
     addr: SocketAddr,
     ca_pem: &str,
@@ -1403,9 +1403,10 @@ async fn tls_connect(
             PrivateKeyDer::from_pem_slice(client.1.as_bytes()).unwrap(),
         )
         .unwrap();
-    if version == Version::H2 {
-        config.alpn_protocols = vec![b"h2".to_vec()];
-    }
+    config.alpn_protocols = match version {
+        Version::H2 => vec![b"h2".to_vec()],
+        Version::Http1 => vec![b"http/1.1".to_vec()],
+    };
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
@@ -1414,7 +1415,7 @@ async fn tls_connect(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn over_mutual_tls_the_gateways_certificate_is_granted_the_door() {
+async fn over_mutual_tls_both_versions_are_negotiated_and_the_gateway_is_granted() {
     let pki = crate::listeners::Pki::new("toolgate test CA");
     let gateway = pki.issue("mcp-gateway", &[], &[], false);
     let executor = pki.issue("executor", &[], &[], false);
