@@ -17,6 +17,7 @@ mod tls;
 mod web;
 
 pub use listen::{ListenError, bind_unix};
+pub use tls::TlsSetupError;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -63,7 +64,7 @@ pub enum ServeError {
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("TLS configuration: {0}")]
-    Tls(String),
+    Tls(#[from] tls::TlsSetupError),
 }
 
 /// The desks the gRPC surface translates for, as [`crate::server`] wired them.

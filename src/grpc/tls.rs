@@ -16,7 +16,25 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::server::TlsStream;
 use tokio_stream::{Stream, StreamExt as _};
 
-use super::{ServeError, TlsPem};
+use super::TlsPem;
+
+/// Why the listener's TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("{what}: {source}")]
+    Pem {
+        what: &'static str,
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("client CA: {0}")]
+    ClientCa(#[from] rustls::server::VerifierBuilderError),
+    #[error(transparent)]
+    Rustls(#[from] rustls::Error),
+}
+
+fn pem(what: &'static str) -> impl Fn(rustls::pki_types::pem::Error) -> TlsSetupError {
+    move |source| TlsSetupError::Pem { what, source }
+}
 
 /// How long a client gets to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -28,38 +46,30 @@ const READY_QUEUE: usize = 64;
 /// `http/1.1`, and, with a client CA, a client certificate required.
 ///
 /// # Errors
-/// [`ServeError::Tls`] for unreadable PEM, a key that does not fit, or a
+/// [`TlsSetupError`] for unreadable PEM, a key that does not fit, or a
 /// client CA that cannot verify.
-pub(super) fn acceptor(pem: &TlsPem) -> Result<TlsAcceptor, ServeError> {
+pub(super) fn acceptor(files: &TlsPem) -> Result<TlsAcceptor, TlsSetupError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ServeError::Tls(e.to_string()))?;
-    let builder = match &pem.client_ca {
+        .with_safe_default_protocol_versions()?;
+    let builder = match &files.client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
             for cert in CertificateDer::pem_slice_iter(ca) {
-                let cert = cert.map_err(|e| ServeError::Tls(format!("client CA: {e}")))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| ServeError::Tls(format!("client CA: {e}")))?;
+                roots.add(cert.map_err(pem("client CA"))?)?;
             }
             let verifier =
                 rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
-                    .build()
-                    .map_err(|e| ServeError::Tls(format!("client CA: {e}")))?;
+                    .build()?;
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let chain = CertificateDer::pem_slice_iter(&pem.cert)
+    let chain = CertificateDer::pem_slice_iter(&files.cert)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ServeError::Tls(format!("certificate: {e}")))?;
-    let key = PrivateKeyDer::from_pem_slice(&pem.key)
-        .map_err(|e| ServeError::Tls(format!("key: {e}")))?;
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .map_err(|e| ServeError::Tls(e.to_string()))?;
+        .map_err(pem("certificate"))?;
+    let key = PrivateKeyDer::from_pem_slice(&files.key).map_err(pem("key"))?;
+    let mut config = builder.with_single_cert(chain, key)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
