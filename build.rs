@@ -12,6 +12,7 @@ fn main() -> anyhow::Result<()> {
         "proto/toolgate/v1/approval.proto",
         "proto/toolgate/v1/ledger.proto",
         "proto/toolgate/v1/policy.proto",
+        "proto/toolgate/v1/entity.proto",
     ];
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(files, ["proto"])?;

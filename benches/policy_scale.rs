@@ -2,7 +2,8 @@
 //! with 20, 1,000 and 10,000 policies. For each size: the time to load and
 //! validate the folder, the resident memory after loading, and the p50/p99
 //! of one in-process decision (the whole pipeline, `ToolCallAuthorizer`)
-//! over calls spread across all tools. Policy slicing should keep the
+//! over calls spread across all tools, and the p50 of listing the tools a
+//! caller may call (`callable_tools`, DESIGN §11.4). Policy slicing should keep the
 //! 10,000-policy latency within 2× of the 20-policy one.
 //!
 //! Run: `cargo bench --bench policy_scale` (optionally `-- <sizes…>`, e.g.
@@ -30,6 +31,8 @@ use toolgate::identity::Caller;
 const TOOLS: usize = 1_000;
 const RISKS: [&str; 5] = ["read", "write", "external", "financial", "destructive"];
 const ITERATIONS: usize = 20_000;
+/// How many times the tools a caller may call are listed per size.
+const LISTS: usize = 50;
 /// The policies every size has: tenant isolation and rules per risk group.
 const BASE: usize = 20;
 
@@ -157,6 +160,8 @@ struct Figures {
     rss_mib: f64,
     p50: Duration,
     p99: Duration,
+    /// One `callable_tools` over every tool.
+    list_p50: Duration,
 }
 
 fn measure(policies: usize, rt: &tokio::runtime::Runtime) -> BenchResult<Figures> {
@@ -217,6 +222,19 @@ fn measure(policies: usize, rt: &tokio::runtime::Runtime) -> BenchResult<Figures
         }
     });
     samples.sort();
+    // The tools this caller may call (DESIGN §11.4): every one, each
+    // partially evaluated, none settled at load (the permits read the scopes).
+    let mut lists = Vec::with_capacity(LISTS);
+    for _ in 0..LISTS {
+        let start = Instant::now();
+        let listed = authorizer.callable_tools(Some(&caller), "", &TenantScope::Any);
+        lists.push(start.elapsed());
+        assert!(
+            matches!(listed, Ok(Ok(ref l)) if l.tools.len() == TOOLS),
+            "{listed:?}"
+        );
+    }
+    lists.sort();
     Ok(Figures {
         policies,
         load,
@@ -224,6 +242,7 @@ fn measure(policies: usize, rt: &tokio::runtime::Runtime) -> BenchResult<Figures
         rss_mib,
         p50: percentile(&samples, 0.5),
         p99: percentile(&samples, 0.99),
+        list_p50: percentile(&lists, 0.5),
     })
 }
 
@@ -246,20 +265,21 @@ fn main() -> BenchResult<()> {
         "{TOOLS} tools; {ITERATIONS} decisions per size over all tools; the whole pipeline in-process"
     );
     println!(
-        "{:>9} {:>12} {:>14} {:>13} {:>10} {:>10}",
-        "policies", "load+valid.", "largest slice", "RSS after load", "p50", "p99"
+        "{:>9} {:>12} {:>14} {:>13} {:>10} {:>10} {:>12}",
+        "policies", "load+valid.", "largest slice", "RSS after load", "p50", "p99", "tools list"
     );
     let mut all = Vec::new();
     for size in sizes {
         let f = measure(size, &rt)?;
         println!(
-            "{:>9} {:>10.0}ms {:>14} {:>11.1}MiB {:>8.1}µs {:>8.1}µs",
+            "{:>9} {:>10.0}ms {:>14} {:>11.1}MiB {:>8.1}µs {:>8.1}µs {:>10.1}ms",
             f.policies,
             f.load.as_secs_f64() * 1e3,
             f.largest_slice,
             f.rss_mib,
             f.p50.as_secs_f64() * 1e6,
-            f.p99.as_secs_f64() * 1e6
+            f.p99.as_secs_f64() * 1e6,
+            f.list_p50.as_secs_f64() * 1e3
         );
         all.push(f);
     }

@@ -22,8 +22,9 @@
 # Then it sets up what the tests use (a Python virtualenv .venv with
 # clients/python/requirements.txt for the Python executor tests, run by
 # pytest, and clients/mcp/requirements.txt for the MCP gateway tests: an MCP
-# server, its AuthZEN enforcement point and an MCP client; clients/node's npm packages from its lock file for the Node.js
-# executor and gRPC-Web tests) and runs every Rust test (benches are compiled
+# server, its AuthZEN enforcement point and an MCP client, and the MCP SDK
+# whose server `toolgate tools import` is tested against; clients/node's npm
+# packages from its lock file for the Node.js executor and gRPC-Web tests) and runs every Rust test (benches are compiled
 # by clippy in .ci/run, never run here). The other arguments go to cargo test.
 set -euo pipefail
 cd "$(dirname "$0")/.."

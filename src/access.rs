@@ -34,6 +34,10 @@ pub enum ServiceName {
     Policy,
     /// gRPC server reflection: the public wire schema.
     Reflection,
+    /// `toolgate.v1.EntityService`: the entity store (DESIGN §11.6), for
+    /// the deployment's own data feed, per tenant. Writing entities changes
+    /// decisions: neither executors nor approval UIs need it.
+    Entities,
     /// The OpenID AuthZEN door over HTTP (`/.well-known/authzen-configuration`,
     /// `/access/v1/*`): decisions for MCP gateways and other AuthZEN PEPs.
     Authzen,
@@ -41,12 +45,13 @@ pub enum ServiceName {
 
 impl ServiceName {
     /// Every grantable service, in config-name order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Authorization,
         Self::Approvals,
         Self::Ledger,
         Self::Policy,
         Self::Reflection,
+        Self::Entities,
         Self::Authzen,
     ];
 
@@ -59,6 +64,7 @@ impl ServiceName {
             Self::Ledger => "ledger",
             Self::Policy => "policy",
             Self::Reflection => "reflection",
+            Self::Entities => "entities",
             Self::Authzen => "authzen",
         }
     }
@@ -99,6 +105,7 @@ pub fn target_of_path(path: &str) -> Target {
         "toolgate.v1.ApprovalService" => Target::Service(ServiceName::Approvals),
         "toolgate.v1.LedgerService" => Target::Service(ServiceName::Ledger),
         "toolgate.v1.PolicyService" => Target::Service(ServiceName::Policy),
+        "toolgate.v1.EntityService" => Target::Service(ServiceName::Entities),
         "grpc.reflection.v1.ServerReflection" | "grpc.reflection.v1alpha.ServerReflection" => {
             Target::Service(ServiceName::Reflection)
         }
@@ -310,7 +317,7 @@ pub struct Grant {
     pub caller: CallerPattern,
     pub services: BTreeSet<ServiceName>,
     /// The tenants the caller may act for through this grant's
-    /// `authorization` and `ledger` services (approvers' tenant comes from
+    /// `authorization`, `ledger` and `entities` services (approvers' tenant comes from
     /// their verified token, so other services need none).
     pub tenants: TenantScope,
 }
@@ -544,6 +551,10 @@ mod tests {
         assert_eq!(
             target_of_path("/toolgate.v1.PolicyService/GetPolicyStatus"),
             Target::Service(ServiceName::Policy)
+        );
+        assert_eq!(
+            target_of_path("/toolgate.v1.EntityService/UpsertEntities"),
+            Target::Service(ServiceName::Entities)
         );
         assert_eq!(
             target_of_path("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),

@@ -16,6 +16,9 @@
 //!   events hub; [`approvals::desk`] serves approval UIs.
 //! - [`ledger`]: the execution state machine (DESIGN §5), rules only;
 //!   [`ledger::desk`] checks executors' requests and runs it on the store.
+//! - [`entities`]: the entity store's rules (DESIGN §11.6): stored Cedar
+//!   entities per tenant, their bounds and refusals; [`entities::desk`]
+//!   serves `EntityService`.
 //! - [`envelope`]: the error table: every code, the envelope of every
 //!   non-allow answer, and the executor's own mistakes.
 //! - [`store`]: persistence (SQLite, PostgreSQL) behind one trait.
@@ -29,6 +32,8 @@
 //!   served over HTTP on the same listener.
 //! - [`policy_cases`]: `toolgate test`, policy test cases run through the
 //!   pipeline.
+//! - [`mcp`]: `toolgate tools import`, contract skeletons from an MCP
+//!   server's `tools/list` (rules in [`tools::import`]).
 //! - [`config`], [`telemetry`], [`clock`]: the edges.
 //!
 //! See `ARCHITECTURE.md` for the invariants each module keeps.
@@ -41,10 +46,12 @@ pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod decode;
+pub mod entities;
 pub mod envelope;
 pub mod grpc;
 pub mod identity;
 pub mod ledger;
+pub mod mcp;
 pub mod metrics;
 pub mod policy;
 pub mod policy_cases;

@@ -65,24 +65,27 @@ enum Command {
     /// One decision from the command line, without a server. Prints the
     /// answer as JSON; exit 0 for allow, 2 for deny, 3 for approval required.
     Authorize(AuthorizeArgs),
-    /// Tool contracts as MCP publishes them.
-    #[command(subcommand)]
-    Tools(ToolsCommand),
     /// DEVELOPMENT ONLY: a local key set and identity tokens, to try the
     /// approval flow without an identity provider. Production verifies the
     /// provider's tokens against its published key set.
     #[command(subcommand)]
     Dev(DevCommand),
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Format {
-    Human,
-    Json,
+    /// Tool contracts and MCP: import them from an MCP server, print one as
+    /// an MCP server publishes it.
+    #[command(subcommand)]
+    Tools(ToolsCommand),
 }
 
 #[derive(Subcommand)]
 enum ToolsCommand {
+    /// Write contract skeletons (`POLICIES/tools/<name>.json`) from an MCP
+    /// server's `tools/list`: from a file (`--file`), a Streamable HTTP
+    /// endpoint (`--url`) or a server started over stdio (the command line
+    /// after `--`). A contract that exists and differs is shown as a diff and
+    /// written only with `--force`. Exit 0 when every contract is written or
+    /// unchanged, 3 when a changed one was not written, 1 on an error (2 is
+    /// a usage error).
+    Import(ImportArgs),
     /// Print a tool's MCP `inputSchema` with its COAZ-MCP declared mapping
     /// (`x-authzen-mapping`), as the configuration's `[authzen]` pointers
     /// and identity claim names make it: what an MCP server publishes in
@@ -97,6 +100,41 @@ enum ToolsCommand {
         #[arg(long)]
         policies: Option<PathBuf>,
     },
+}
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["file", "url", "command"])))]
+struct ImportArgs {
+    #[arg(long, env = "TOOLGATE_POLICIES", default_value = "policies")]
+    policies: PathBuf,
+    /// A `tools/list` result (`{"tools": [...]}`) or a whole JSON-RPC response.
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// The MCP server's Streamable HTTP endpoint, e.g. `http://127.0.0.1:8000/mcp`.
+    #[arg(long)]
+    url: Option<String>,
+    /// The environment variable holding a bearer token for `--url` (never
+    /// the token itself on the command line).
+    #[arg(long, requires = "url", conflicts_with_all = ["file", "command"])]
+    bearer_token_env: Option<String>,
+    /// Bounds each step of a live session (start, each page, shutdown).
+    #[arg(long, default_value_t = 30)]
+    timeout_seconds: u64,
+    /// Replace existing contracts that differ.
+    #[arg(long)]
+    force: bool,
+    /// Write nothing; print what would be written and the diffs.
+    #[arg(long)]
+    dry_run: bool,
+    /// The MCP server's command line, run over stdio.
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    Human,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -261,6 +299,50 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Authorize(args) => authorize(args),
         Command::Dev(DevCommand::Keys { out }) => dev_keys(&out),
         Command::Dev(DevCommand::Token(args)) => dev_token(&args),
+        Command::Tools(ToolsCommand::Import(args)) => tools_import(args),
+    }
+}
+
+fn tools_import(args: ImportArgs) -> anyhow::Result<ExitCode> {
+    use toolgate::mcp::{self, Options, Source};
+    let source = match (args.file, args.url) {
+        (Some(file), _) => Source::File(file),
+        (None, Some(url)) => Source::Http {
+            bearer_token: args
+                .bearer_token_env
+                .map(|name| {
+                    std::env::var(&name)
+                        .with_context(|| format!("--bearer-token-env: `{name}` is not set"))
+                })
+                .transpose()?,
+            url,
+        },
+        (None, None) => Source::Stdio(args.command),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let timeout = std::time::Duration::from_secs(args.timeout_seconds.max(1));
+    let options = Options {
+        force: args.force,
+        dry_run: args.dry_run,
+    };
+    let imported = runtime
+        .block_on(mcp::list_tools(&source, timeout))
+        .and_then(|listing| mcp::import_into(&args.policies, &listing, options));
+    match imported {
+        Ok(report) => {
+            print!("{}", report.render());
+            Ok(if report.withheld() {
+                ExitCode::from(3)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        Err(error) => {
+            eprintln!("toolgate: error[{}]: {error}", error.code());
+            Ok(ExitCode::FAILURE)
+        }
     }
 }
 

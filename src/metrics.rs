@@ -93,6 +93,7 @@ pub struct Metrics {
     approvals: Family<StateLabels, Counter>,
     approval_decisions: Family<OutcomeLabels, Counter>,
     ledger: Family<LedgerLabels, Counter>,
+    entity_calls: Family<OutcomeLabels, Counter>,
     policies: Arc<OnceLock<Arc<dyn PolicyGauges>>>,
     rate_limited: Family<ScopeLabels, Counter>,
     access_denied: Family<ServiceLabels, Counter>,
@@ -140,6 +141,13 @@ impl Default for Metrics {
              outcome (begin: acquired, in_progress, completed, reconcile_required, refused; \
              complete and reconcile: ok, not_found or the answer's code) and the state after",
             ledger.clone(),
+        );
+        let entity_calls = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "entity_calls",
+            "Entity store calls by operation (upsert, delete, get) and outcome \
+             (ok, tenant_not_granted, internal_error or the refusal code)",
+            entity_calls.clone(),
         );
         let policies = Arc::new(OnceLock::new());
         registry.register_collector(Box::new(PolicyCollector(Arc::clone(&policies))));
@@ -192,6 +200,7 @@ impl Default for Metrics {
             approvals,
             approval_decisions,
             ledger,
+            entity_calls,
             policies,
             rate_limited,
             access_denied,
@@ -252,6 +261,13 @@ impl Metrics {
                 outcome,
                 state,
             })
+            .inc();
+    }
+
+    /// Counts one entity-store call; `outcome` comes from a fixed table.
+    pub fn entity_call(&self, operation: &'static str, outcome: &'static str) {
+        self.entity_calls
+            .get_or_create(&OutcomeLabels { operation, outcome })
             .inc();
     }
 

@@ -6,6 +6,13 @@ asks toolgate's AuthZEN door about every ``tools/call`` before the tool runs,
 with the verified token's ``sub`` as the subject. Nothing here decides: a
 tool runs only when toolgate answered ``decision: true``.
 
+Every refusal reaches the client as apparitor's fixed text, ``tool call not
+authorized``: apparitor never forwards a PDP's reason to the model, and its
+"requires human approval" refusal escalates only an allow, while toolgate
+never answers ``true`` for a call that waits for an approver. A call that
+needs one is refused the same way; toolgate holds its pending approval, and
+the same call, once approved, runs once.
+
 ``tools/list`` is shaped by toolgate too, through AuthZEN Action Search
 (``ListedByToolgate`` below): the tools this user could be allowed to call,
 decided by Cedar partial evaluation. apparitor's own listing filter
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -39,17 +47,6 @@ from fastmcp.server.middleware import Middleware
 
 ISSUER = "https://id.example.test"
 AUDIENCE = "orders-mcp"
-
-# toolgate's answer context names the refusal; these two mean "a human must
-# approve this exact call", which apparitor surfaces as its HUMAN_REVIEW
-# refusal ("... requires human approval; do not retry") instead of a plain
-# "not authorized".
-APPROVAL_CODES = frozenset({"approval_required", "approval_pending"})
-
-
-def needs_approval(context: dict[str, Any]) -> bool:
-    return context.get("reason") in APPROVAL_CODES
-
 
 class ListedByToolgate(Middleware):  # type: ignore[misc]
     """Shows only the tools toolgate's Action Search answers for the verified user.
@@ -114,7 +111,6 @@ def build(pdp: str, public_key: str, runs: Path) -> FastMCP:
             config=config,
             subject_type="identity",
             mapper=DefaultToolCallMapper(config),
-            review_predicate=needs_approval,
             gate_resources=False,
             gate_prompts=False,
         )
@@ -168,6 +164,7 @@ def main() -> None:
     parser.add_argument("--public-key", type=Path, required=True)
     parser.add_argument("--runs", type=Path, required=True)
     args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
     server = build(args.pdp, args.public_key.read_text(encoding="utf-8"), args.runs)
     server.run(transport="http", host="127.0.0.1", port=args.port, show_banner=False)
 

@@ -32,7 +32,9 @@ pub struct DecisionAudit<'a> {
     /// The envelope's code, empty for an allow.
     pub code: &'a str,
     pub policies: &'a [String],
-    /// The approval the call created, if any.
+    /// The approval the answer names (created or pending for
+    /// APPROVAL_REQUIRED; for a gateway call also the one it used, waits
+    /// on or was refused by), if any.
     pub approval_created: Option<&'a str>,
     /// The approval id the executor presented (empty for none).
     pub approval_presented: &'a str,
@@ -110,7 +112,7 @@ impl AuditEvent {
     #[must_use]
     pub fn decision(d: &DecisionAudit<'_>, latency: Duration) -> Self {
         let (tenant, subject, agent, session) = principal(d.principal);
-        // The approval this call created, else the one it presented.
+        // The approval the answer names, else the one it presented.
         let approval_id = d
             .approval_created
             .map_or_else(|| echo(d.approval_presented), |a| Value::from(a.to_owned()));
@@ -223,6 +225,24 @@ impl AuditEvent {
             .with("latency_us", micros(latency))
     }
 
+    /// The event of one entity-store write (`event: "entities"`, DESIGN
+    /// §11.6): the operation, the tenant, the caller's transport identity,
+    /// how many uids the request named and how many rows it changed, the
+    /// outcome (`ok` or the refusal code). Never a uid, an attribute or any
+    /// other part of the entities: they are the deployment's data.
+    #[must_use]
+    pub fn entities(e: &EntityAudit<'_>, latency: Duration) -> Self {
+        Self::new("entities")
+            .with("operation", e.operation)
+            .with("tenant", echo(e.tenant))
+            .with("peer", e.peer.to_owned())
+            .with("uids", e.uids)
+            .with("changed", e.changed)
+            .with("outcome", e.outcome)
+            .with("policy_version", e.policy_version.to_owned())
+            .with("latency_us", micros(latency))
+    }
+
     /// A bare event of the given fields, for the queue's own tests.
     #[cfg(test)]
     #[must_use]
@@ -285,6 +305,22 @@ fn safe_code(code: &str) -> Value {
     } else {
         Value::from("withheld")
     }
+}
+
+/// What an entity-store event says (see [`AuditEvent::entities`]).
+#[derive(Debug, Clone, Copy)]
+pub struct EntityAudit<'a> {
+    /// `upsert` or `delete`.
+    pub operation: &'static str,
+    pub tenant: &'a str,
+    pub peer: &'a str,
+    /// How many entities (upsert) or uids (delete) the request named.
+    pub uids: usize,
+    /// How many were written or deleted.
+    pub changed: usize,
+    /// `ok`, or the code the request was refused with.
+    pub outcome: &'static str,
+    pub policy_version: &'a str,
 }
 
 /// What an approval-decision event says about the approval.

@@ -34,7 +34,7 @@ use crate::metrics::Metrics;
 
 mod event;
 
-pub use event::{ApprovalAudit, AuditEvent, DecisionAudit, LedgerAudit, RefusalAudit};
+pub use event::{ApprovalAudit, AuditEvent, DecisionAudit, EntityAudit, LedgerAudit, RefusalAudit};
 
 /// Where audit lines go.
 #[derive(Debug, Clone, PartialEq, Eq)]

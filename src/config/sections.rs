@@ -245,8 +245,9 @@ pub(super) fn access_policy(
     Ok(AccessPolicy::Grants(grants))
 }
 
-/// The tenants of one grant. A grant of `authorization`, `ledger` or `authzen` names
-/// them (least privilege: an executor acts for no tenant it was not given);
+/// The tenants of one grant. A grant of `authorization`, `ledger`,
+/// `entities` or `authzen` names them (least privilege: an executor, a
+/// gateway or a data feed acts for no tenant it was not given);
 /// `approvals` need none, since an approver's tenant is its verified token's.
 fn grant_tenants(
     caller: &str,
@@ -256,6 +257,7 @@ fn grant_tenants(
     let executes = [
         ServiceName::Authorization,
         ServiceName::Ledger,
+        ServiceName::Entities,
         ServiceName::Authzen,
     ]
     .iter()
@@ -265,7 +267,7 @@ fn grant_tenants(
             return Err(invalid(
                 "access.tenants",
                 format!(
-                    "the grant of `{caller}` gives authorization, ledger or authzen, so it names \
+                    "the grant of `{caller}` gives authorization, ledger, entities or authzen, so it names \
                      the tenants its caller may act for (`tenants = [\"acme\"]`, or \
                      `[\"*\"]` for every tenant)"
                 ),

@@ -446,6 +446,7 @@ fn executor_grants_name_their_tenants() {
         "[\"authorization\"]",
         "[\"ledger\"]",
         "[\"approvals\", \"ledger\"]",
+        "[\"entities\"]",
     ] {
         let err = load(&format!("{uds}services = {services}\n"), &[]).unwrap_err();
         assert!(
@@ -525,6 +526,11 @@ fn the_example_configuration_loads() {
         .map(|g| g.tenants.clone());
     assert_eq!(executor, Some(TenantScope::of(["acme"])));
     assert_eq!(services("cn:approval-ui"), Some(vec!["approvals"]));
+    let sync = grants
+        .iter()
+        .find(|g| g.services.contains(&ServiceName::Entities))
+        .map(|g| (g.services.len(), g.tenants.clone()));
+    assert_eq!(sync, Some((1, TenantScope::of(["acme"]))));
     assert!(c.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
     assert!(c.require_identity_token);
     assert!(c.metrics_listen.is_some());

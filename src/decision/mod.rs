@@ -38,6 +38,9 @@ pub struct AuthorizerConfig {
     pub pending_approval_ttl: Duration,
     /// The caps on PENDING approvals.
     pub pending_limits: crate::approvals::PendingLimits,
+    /// The bounds of the entity store: its requests and the ancestor walk
+    /// a decision makes when the caller gives no `entities_json`.
+    pub entity_store: crate::entities::EntityLimits,
 }
 
 impl Default for AuthorizerConfig {
@@ -52,6 +55,7 @@ impl Default for AuthorizerConfig {
             deadline_margin: Duration::from_millis(50),
             pending_approval_ttl: Duration::from_secs(3600),
             pending_limits: crate::approvals::PendingLimits::default(),
+            entity_store: crate::entities::EntityLimits::default(),
         }
     }
 }

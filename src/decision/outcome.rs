@@ -95,6 +95,10 @@ pub struct AuthorizeOutcome {
     pub timeout_ms: u64,
     pub parallel: bool,
     pub idempotent: bool,
+    /// The approval this answer names, and its expiry: the one created or
+    /// pending for APPROVAL_REQUIRED; for a gateway call (DESIGN §11.3)
+    /// also the one it used (ALLOW), waits on (`approval_pending`) or was
+    /// refused by (`approval_rejected`).
     pub approval: Option<(String, UnixMillis)>,
     pub error: Option<Envelope>,
     pub policy_version: String,

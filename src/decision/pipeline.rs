@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 use serde_json::Value;
 
 use super::AuthorizerConfig;
-use super::outcome::{AuthorizeInput, AuthorizeOutcome, Decision};
+use super::outcome::{AuthorizeInput, AuthorizeOutcome, Decision, Door};
 use crate::access::TenantScope;
 use crate::approvals::{
     self, ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval,
@@ -23,12 +23,13 @@ use crate::approvals::{
 use crate::audit::{Audit, AuditEvent, DecisionAudit};
 use crate::clock::{Clock, UnixMillis};
 use crate::decode::{self, DecodeError};
+use crate::entities::EntityKey;
 use crate::envelope::{Envelope, ErrorCode, ExecutorError, RequestError, echo, unknown_tool};
 use crate::identity::{Caller, Principals};
 use crate::metrics::{Metrics, UNKNOWN_TOOL};
 use crate::policy::{DecideError, PolicyDecision, PolicyEngine, ToolCall};
 use crate::ratelimit::{Limited, RateLimits};
-use crate::store::{ApprovalUse, Store, StoreError};
+use crate::store::{ApprovalUse, GatewayApproval, Store, StoreError};
 use crate::tools::{Risk, ToolContract};
 
 /// Everything a [`ToolCallAuthorizer`] needs; none of it has a default, so
@@ -366,15 +367,24 @@ impl ToolCallAuthorizer {
             }
         }
 
+        // The entities: the caller's when it gave any (even `[]`), else the
+        // resource and its ancestors from the tenant's rows of the entity
+        // store (DESIGN §11.6), in one read.
+        let from_store = entities.is_none();
+        let entities = match entities {
+            Some(given) => Some(given),
+            None => match self.stored_entities(tool, &hashed.args, caller).await {
+                Ok(found) => found,
+                Err(e) => return Ok(out.deny(e)),
+            },
+        };
+
         // A presented approval must be bound to exactly this call.
         let now = self.clock.now_ms();
         let approval = if input.approval_id.is_empty() {
             None
         } else {
-            match self
-                .check_approval(&input.approval_id, caller, &hashed, &input.request_id, now)
-                .await
-            {
+            match self.check_approval(input, caller, &hashed, now).await {
                 Ok(record) => Some(record),
                 Err(e) => return Ok(out.deny(e)),
             }
@@ -389,6 +399,19 @@ impl ToolCallAuthorizer {
         };
         let decision = match engine.decide_tool_call(&call) {
             Ok(d) => d,
+            Err(DecideError::Entities(_)) if from_store => {
+                // Stored under an earlier schema, say: not the caller's
+                // mistake, and never decided on (fail closed). Cedar's
+                // message quotes values, the deployment's data: not logged.
+                tracing::warn!(tool = %tool.name, "stored entities do not fit the schema: denied");
+                return Ok(out.deny(
+                    Envelope::new(
+                        ErrorCode::PolicyError,
+                        "the stored entities of this call do not fit the schema; the call is denied",
+                    )
+                    .with("reason", "stored_entities_invalid"),
+                ));
+            }
             Err(DecideError::Entities(e)) => return Err(ExecutorError::new("entities_json", e)),
             Err(DecideError::ResourceNotFound(uid)) => {
                 return Ok(out.deny(
@@ -451,51 +474,15 @@ impl ToolCallAuthorizer {
             }
             PolicyDecision::ApprovalRequired { policies } => {
                 out.policies = policies;
-                let ttl =
-                    i64::try_from(self.config.pending_approval_ttl.as_millis()).unwrap_or(i64::MAX);
-                let new = NewApproval {
-                    approval_id: uuid::Uuid::now_v7().to_string(),
-                    tenant_id: caller.tenant_id.clone(),
-                    requester_subject_id: caller.subject_id.clone(),
-                    agent_id: caller.agent_id.clone(),
-                    tool: tool.name.clone(),
-                    tool_version: tool.version.clone(),
-                    risk: tool.risk,
-                    arguments_sha256: hashed.sha.clone(),
-                    display_arguments: approvals::display_arguments(&hashed.args, &tool.sensitive),
-                    request_id: input.request_id.clone(),
-                    created_at: now,
-                    expires_at: now.saturating_add(ttl),
-                    limits: self.config.pending_limits,
-                };
+                let new = self.new_approval(input, caller, &hashed, now);
+                if input.door == Door::Gateway && input.approval_id.is_empty() {
+                    return Ok(self
+                        .gateway_approval(out, engine, &call, new, &hashed.key, now)
+                        .await);
+                }
                 match self.store.pending_approval_for_call(new, now).await {
-                    Ok((record, created)) => {
-                        if created {
-                            self.events
-                                .publish(ApprovalEventKind::Created, &record, None);
-                        }
-                        out.decision = Decision::ApprovalRequired;
-                        out.error = Some(
-                            Envelope::new(
-                                ErrorCode::ApprovalRequired,
-                                "this call needs a human approval; it was requested",
-                            )
-                            .with("approval_id", record.approval_id.clone())
-                            .with("expires_at_ms", record.expires_at),
-                        );
-                        out.approval = Some((record.approval_id, record.expires_at));
-                        Ok(out)
-                    }
-                    // Nothing was requested: the caller may retry once
-                    // approvers have decided some of the pending ones.
-                    Err(StoreError::PendingLimit(scope)) => Ok(out.deny(
-                        Envelope::new(
-                            ErrorCode::RateLimited,
-                            "too many approvals are pending; retry after some are decided",
-                        )
-                        .with("limit", scope.as_str()),
-                    )),
-                    Err(e) => Ok(out.deny(self.store_failure(&e))),
+                    Ok((record, created)) => Ok(self.approval_requested(out, record, created)),
+                    Err(e) => Ok(out.deny(self.approval_not_requested(&e))),
                 }
             }
             PolicyDecision::Deny { policies, reason } => {
@@ -515,6 +502,50 @@ impl ToolCallAuthorizer {
         }
     }
 
+    /// The stored resource of a call and its stored ancestors, as a Cedar
+    /// entity JSON array: `None` for a tool without a resource (its
+    /// `Tool` entity is static) or when nothing is stored. One store read.
+    async fn stored_entities(
+        &self,
+        tool: &ToolContract,
+        args: &Value,
+        caller: &Caller,
+    ) -> Result<Option<Value>, Envelope> {
+        let (Some(resource), Some(id)) = (&tool.resource, tool.resource_id(args)) else {
+            return Ok(None);
+        };
+        let root = EntityKey::new(resource.entity_type.clone(), id);
+        let walk = self
+            .store
+            .walk_entities(&caller.tenant_id, root, self.config.entity_store.max_walk)
+            .await
+            .map_err(|e| self.store_failure(&e))?;
+        if walk.exceeded {
+            // An incomplete hierarchy could hide an ancestor a forbid names.
+            return Err(Envelope::new(
+                ErrorCode::PolicyError,
+                "the resource has more stored ancestors than a decision reads; the call is denied",
+            )
+            .with("reason", "entity_walk_exceeded"));
+        }
+        if walk.found.is_empty() {
+            return Ok(None);
+        }
+        let items = walk
+            .found
+            .iter()
+            .map(|json| serde_json::from_str(json))
+            .collect::<Result<Vec<Value>, _>>()
+            .map_err(|e| {
+                tracing::error!(error = %e, "a stored entity is not JSON");
+                Envelope::new(
+                    ErrorCode::InternalError,
+                    "the stored entities could not be read",
+                )
+            })?;
+        Ok(Some(Value::Array(items)))
+    }
+
     /// `min(tool timeout, time left − margin)`, or `None` when no time is left.
     fn budget(&self, tool: &ToolContract, deadline: Option<Instant>) -> Option<u64> {
         let Some(deadline) = deadline else {
@@ -527,14 +558,152 @@ impl ToolCallAuthorizer {
         (left_ms > 0).then(|| left_ms.min(tool.timeout_ms))
     }
 
-    async fn check_approval(
+    /// A PENDING approval for this call, as it would be requested now.
+    fn new_approval(
         &self,
-        approval_id: &str,
+        input: &AuthorizeInput,
         caller: &Caller,
         h: &Hashed<'_>,
-        request_id: &str,
+        now: UnixMillis,
+    ) -> NewApproval {
+        let ttl = i64::try_from(self.config.pending_approval_ttl.as_millis()).unwrap_or(i64::MAX);
+        NewApproval {
+            approval_id: uuid::Uuid::now_v7().to_string(),
+            tenant_id: caller.tenant_id.clone(),
+            requester_subject_id: caller.subject_id.clone(),
+            agent_id: caller.agent_id.clone(),
+            tool: h.tool.name.clone(),
+            tool_version: h.tool.version.clone(),
+            risk: h.tool.risk,
+            arguments_sha256: h.sha.clone(),
+            display_arguments: approvals::display_arguments(&h.args, &h.tool.sensitive),
+            request_id: input.request_id.clone(),
+            created_at: now,
+            expires_at: now.saturating_add(ttl),
+            limits: self.config.pending_limits,
+        }
+    }
+
+    /// APPROVAL_REQUIRED with `record`, the approval this call waits for
+    /// (announced when this call `created` it).
+    fn approval_requested(
+        &self,
+        mut out: AuthorizeOutcome,
+        record: ApprovalRecord,
+        created: bool,
+    ) -> AuthorizeOutcome {
+        if created {
+            self.events
+                .publish(ApprovalEventKind::Created, &record, None);
+        }
+        out.decision = Decision::ApprovalRequired;
+        out.error = Some(
+            Envelope::new(
+                ErrorCode::ApprovalRequired,
+                "this call needs a human approval; it was requested",
+            )
+            .with("approval_id", record.approval_id.clone())
+            .with("expires_at_ms", record.expires_at),
+        );
+        out.approval = Some((record.approval_id, record.expires_at));
+        out
+    }
+
+    /// Why no approval could be requested.
+    fn approval_not_requested(&self, e: &StoreError) -> Envelope {
+        match e {
+            // Nothing was requested: the caller may retry once approvers
+            // have decided some of the pending ones.
+            StoreError::PendingLimit(scope) => Envelope::new(
+                ErrorCode::RateLimited,
+                "too many approvals are pending; retry after some are decided",
+            )
+            .with("limit", scope.as_str()),
+            e => self.store_failure(e),
+        }
+    }
+
+    /// A gateway call that needs an approval and names none (DESIGN §11.3):
+    /// the store finds the approval of this call minus its request id, and
+    /// consumes it when it is approved; `call` is the Cedar request that
+    /// was allowed only with an approval.
+    async fn gateway_approval(
+        &self,
+        mut out: AuthorizeOutcome,
+        engine: &PolicyEngine,
+        call: &ToolCall<'_>,
+        new: NewApproval,
+        idempotency_key: &str,
+        now: UnixMillis,
+    ) -> AuthorizeOutcome {
+        // The policies that allow the call once approved, as for an
+        // executor presenting its approval; decided before anything is
+        // consumed (the same policy set said so a moment ago).
+        let approved = ToolCall {
+            approved: true,
+            ..*call
+        };
+        let allowed_by = match engine.decide_tool_call(&approved) {
+            Ok(PolicyDecision::Allow { policies }) => policies,
+            other => {
+                tracing::error!(decision = ?other, tool = %call.tool.name, "an approval-required call is not allowed once approved: denied (fail closed)");
+                return out.deny(Envelope::new(
+                    ErrorCode::PolicyError,
+                    "a policy could not be evaluated; the call is denied",
+                ));
+            }
+        };
+        let found = match self
+            .store
+            .approval_for_gateway_call(new, idempotency_key, now)
+            .await
+        {
+            Ok(found) => found,
+            Err(e) => return out.deny(self.approval_not_requested(&e)),
+        };
+        match found {
+            GatewayApproval::Consumed { record, first } => {
+                if first {
+                    self.events.publish(
+                        ApprovalEventKind::Consumed,
+                        &record,
+                        Some(idempotency_key),
+                    );
+                }
+                out.policies = allowed_by;
+                out.decision = Decision::Allow;
+                out.approval = Some((record.approval_id, record.expires_at));
+                out
+            }
+            GatewayApproval::Pending(record) => {
+                let envelope = approval_envelope(ErrorCode::ApprovalPending, &record)
+                    .with("expires_at_ms", record.expires_at);
+                out.approval = Some((record.approval_id, record.expires_at));
+                out.deny(envelope)
+            }
+            GatewayApproval::Rejected(record) => {
+                let mut envelope = approval_envelope(ErrorCode::ApprovalRejected, &record);
+                if let Some(reason) = record.reason.as_deref().and_then(approver_reason) {
+                    envelope = envelope.with("approver_reason", reason);
+                }
+                out.approval = Some((record.approval_id, record.expires_at));
+                out.deny(envelope)
+            }
+            GatewayApproval::Requested(record) => self.approval_requested(out, record, true),
+        }
+    }
+
+    /// The approval `input` names, if it is usable by this call: bound to
+    /// the whole call (DESIGN §4), or for a gateway call to the whole call
+    /// but its request id (§11.3).
+    async fn check_approval(
+        &self,
+        input: &AuthorizeInput,
+        caller: &Caller,
+        h: &Hashed<'_>,
         now: UnixMillis,
     ) -> Result<ApprovalRecord, Envelope> {
+        let approval_id = input.approval_id.as_str();
         let record = match self
             .store
             .get_approval(&caller.tenant_id, approval_id)
@@ -549,9 +718,11 @@ impl ToolCallAuthorizer {
             }
             Err(e) => return Err(self.store_failure(&e)),
         };
-        // The whole call (DESIGN §4): a gateway call (§11.3) would use
-        // `same_call_but_request_id` alone.
-        if !same_call_but_request_id(&record, caller, h) || record.request_id != request_id {
+        let same_request = match input.door {
+            Door::Executor => record.request_id == input.request_id,
+            Door::Gateway => true,
+        };
+        if !same_call_but_request_id(&record, caller, h) || !same_request {
             return Err(approval_envelope(ErrorCode::ApprovalMismatch, &record));
         }
         match record.status {
@@ -649,6 +820,32 @@ fn approval_envelope(code: ErrorCode, record: &ApprovalRecord) -> Envelope {
     Envelope::new(code, message).with("approval_id", record.approval_id.clone())
 }
 
+/// The longest approver's reason shown to the model, in characters.
+const MAX_APPROVER_REASON: usize = 200;
+
+/// An approver's reason as the model may read it (`details.approver_reason`
+/// of `approval_rejected` through a gateway, DESIGN §11.3): text a human
+/// wrote for the requester, so it is cut to [`MAX_APPROVER_REASON`]
+/// characters (marked by `…`), its control characters (line breaks
+/// included) become spaces, and it travels as one JSON string inside the
+/// envelope, never as instructions of its own. `None` when nothing is left.
+fn approver_reason(reason: &str) -> Option<String> {
+    let flat: String = reason
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let flat = flat.trim();
+    if flat.is_empty() {
+        return None;
+    }
+    if flat.chars().count() <= MAX_APPROVER_REASON {
+        return Some(flat.to_owned());
+    }
+    let mut cut: String = flat.chars().take(MAX_APPROVER_REASON).collect();
+    cut.push('…');
+    Some(cut)
+}
+
 /// Canonical form, hashes and keys (DESIGN §2.3).
 fn hash<'a>(
     tool: &'a ToolContract,
@@ -731,4 +928,27 @@ fn parse_entities(text: &str, limits: &decode::Limits) -> Result<Option<Value>, 
         ));
     }
     Ok(Some(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_APPROVER_REASON, approver_reason};
+
+    #[test]
+    fn an_approvers_reason_is_one_bounded_line_or_nothing() {
+        assert_eq!(approver_reason(""), None);
+        assert_eq!(approver_reason(" \n\t\r "), None);
+        assert_eq!(
+            approver_reason("  no:\r\nopen a ticket\u{1b}[31m  ").as_deref(),
+            Some("no:  open a ticket [31m")
+        );
+        let exact = "é".repeat(MAX_APPROVER_REASON);
+        assert_eq!(approver_reason(&exact).as_deref(), Some(exact.as_str()));
+        let long = format!("{exact}z");
+        assert_eq!(
+            approver_reason(&long),
+            Some(format!("{exact}…")),
+            "cut at {MAX_APPROVER_REASON} characters, not bytes"
+        );
+    }
 }

@@ -14,6 +14,7 @@ use crate::decode;
 use crate::envelope::{Envelope, ErrorCode, ExecutorError, unknown_tool};
 use crate::ledger::BeginAnswer;
 use crate::ledger::desk::LedgerDesk;
+use crate::tools::ToolContract;
 
 /// Most calls one `BatchAuthorize` may carry (one model turn).
 const MAX_BATCH: usize = 128;
@@ -276,33 +277,63 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
 
     async fn list_tools(
         &self,
-        _: Request<pb::ListToolsRequest>,
+        request: Request<pb::ListToolsRequest>,
     ) -> Result<Response<pb::ListToolsResponse>, Status> {
-        let engine = self.authorizer.engine();
-        let tools = engine
-            .tools()
-            .iter()
-            .map(|t| pb::ToolInfo {
-                name: t.name.clone(),
-                version: t.version.clone(),
-                description: t.description.clone(),
-                risk: convert::risk(Some(t.risk)).into(),
-                input_schema_json: t.input_schema_json.to_string(),
-                output_schema_json: t
-                    .output_schema_json
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .unwrap_or_default(),
-                parallel: t.parallel,
-                idempotent: t.idempotent,
-                timeout_ms: t.timeout_ms,
-                authzen_mapping_json: self.mcp_mapping.to_string(),
-            })
-            .collect();
+        let tenants = super::admission::tenants(&request);
+        let pb::ListToolsRequest { auth } = request.into_inner();
+        let Some(auth) = auth else {
+            let engine = self.authorizer.engine();
+            return Ok(Response::new(pb::ListToolsResponse {
+                tools: engine
+                    .tools()
+                    .iter()
+                    .map(|t| tool_info(t, &self.mcp_mapping))
+                    .collect(),
+                policy_version: engine.version().to_owned(),
+            }));
+        };
+        let identity_token = auth.identity_token.clone();
+        let caller = convert::caller(Some(auth));
+        let callable = match self
+            .authorizer
+            .callable_tools(caller.as_ref(), &identity_token, &tenants)
+            .map_err(|e| convert::request_status(&e))?
+        {
+            Ok(callable) => callable,
+            Err(e) if e.code == ErrorCode::Unauthorized => {
+                return Err(convert::unauthenticated(&e));
+            }
+            Err(e) => return Err(Status::internal(e.message)),
+        };
         Ok(Response::new(pb::ListToolsResponse {
-            tools,
-            policy_version: engine.version().to_owned(),
+            tools: callable
+                .tools
+                .iter()
+                .map(|t| tool_info(t, &self.mcp_mapping))
+                .collect(),
+            policy_version: callable.policy_version,
         }))
+    }
+}
+
+/// A tool as `ListTools` shows it, with the AuthZEN mapping an MCP server
+/// declares for it (`x-authzen-mapping`, DESIGN §11.1).
+fn tool_info(t: &ToolContract, mcp_mapping: &serde_json::Value) -> pb::ToolInfo {
+    pb::ToolInfo {
+        name: t.name.clone(),
+        version: t.version.clone(),
+        description: t.description.clone(),
+        risk: convert::risk(Some(t.risk)).into(),
+        input_schema_json: t.input_schema_json.to_string(),
+        output_schema_json: t
+            .output_schema_json
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
+        parallel: t.parallel,
+        idempotent: t.idempotent,
+        timeout_ms: t.timeout_ms,
+        authzen_mapping_json: mcp_mapping.to_string(),
     }
 }
 

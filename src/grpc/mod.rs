@@ -9,6 +9,7 @@ mod admission;
 mod approval;
 mod authorization;
 mod convert;
+mod entity;
 mod health;
 mod ledger;
 mod listen;
@@ -34,6 +35,7 @@ use crate::access::AccessPolicy;
 use crate::approvals::desk::ApprovalDesk;
 use crate::authzen::desk::AuthzenDesk;
 use crate::decision::ToolCallAuthorizer;
+use crate::entities::desk::EntityDesk;
 use crate::ledger::desk::LedgerDesk;
 use crate::metrics::Metrics;
 use crate::policy::PolicyReloader;
@@ -73,6 +75,8 @@ pub struct Handlers {
     pub authorizer: Arc<ToolCallAuthorizer>,
     pub approvals: Arc<ApprovalDesk>,
     pub ledger: Arc<LedgerDesk>,
+    /// The entity store, for `EntityService`.
+    pub entities: Arc<EntityDesk>,
     /// The live policy set, for `PolicyService`.
     pub policies: Arc<PolicyReloader>,
     /// Where refused connections are counted.
@@ -148,6 +152,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     use pb::approval_service_server::ApprovalServiceServer;
     use pb::authorization_service_server::AuthorizationServiceServer;
+    use pb::entity_service_server::EntityServiceServer;
     use pb::ledger_service_server::LedgerServiceServer;
     use pb::policy_service_server::PolicyServiceServer;
 
@@ -169,6 +174,7 @@ pub async fn serve(
         authorizer,
         approvals: desk,
         ledger,
+        entities,
         policies,
         metrics,
         authzen,
@@ -185,6 +191,7 @@ pub async fn serve(
     let approvals = ApprovalServiceServer::new(approval::ApprovalApi::new(desk, stopping.clone()));
     let ledger = LedgerServiceServer::new(ledger::LedgerApi::new(ledger));
     let policy = PolicyServiceServer::new(policy::PolicyApi::new(policies));
+    let entities = EntityServiceServer::new(entity::EntityApi::new(entities));
 
     // The policy set is loaded before the authorizer exists, so the
     // services are ready as soon as they are wired.
@@ -201,6 +208,9 @@ pub async fn serve(
         .set_serving::<PolicyServiceServer<policy::PolicyApi>>()
         .await;
     reporter
+        .set_serving::<EntityServiceServer<entity::EntityApi>>()
+        .await;
+    reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
     let probe = tokio::spawn(follow_store(store_answers, reporter.clone()));
@@ -210,7 +220,8 @@ pub async fn serve(
         .add_service(authorization)
         .add_service(approvals)
         .add_service(ledger)
-        .add_service(policy);
+        .add_service(policy)
+        .add_service(entities);
     // The AuthZEN door's HTTP routes beside the gRPC services, behind the
     // same layers (admission included).
     let routes = Routes::from(
@@ -246,6 +257,9 @@ pub async fn serve(
                 .await;
             reporter
                 .set_not_serving::<PolicyServiceServer<policy::PolicyApi>>()
+                .await;
+            reporter
+                .set_not_serving::<EntityServiceServer<entity::EntityApi>>()
                 .await;
             let _ = stopping_tx.send(true);
             tracing::info!(
@@ -404,6 +418,7 @@ async fn follow_store(
 ) {
     use pb::approval_service_server::ApprovalServiceServer;
     use pb::authorization_service_server::AuthorizationServiceServer;
+    use pb::entity_service_server::EntityServiceServer;
     use pb::ledger_service_server::LedgerServiceServer;
     use tonic::server::NamedService;
     use tonic_health::ServingStatus;
@@ -413,6 +428,7 @@ async fn follow_store(
         <AuthorizationServiceServer<authorization::AuthorizationApi> as NamedService>::NAME,
         <ApprovalServiceServer<approval::ApprovalApi> as NamedService>::NAME,
         <LedgerServiceServer<ledger::LedgerApi> as NamedService>::NAME,
+        <EntityServiceServer<entity::EntityApi> as NamedService>::NAME,
     ];
     // SERVING was set when the services were wired.
     let mut serving = true;

@@ -28,19 +28,21 @@
 //!
 //! Cost: per policy load, each tool's action, resource and what the
 //! policies settle whoever asks (a partial evaluation with the principal,
-//! scopes, agent and session unknown too) are computed once; a request
-//! evaluates only the tools that depend on the principal, on one entity
-//! store built for it.
+//! scopes, agent and session unknown too) are computed once, and tools
+//! whose answer must be the same for every principal are put in one class
+//! (see [`ClassKey`]); a request evaluates one tool of each class that
+//! depends on the principal, on one entity store built for it.
 
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 
 use cedar_policy::{
-    Context, Decision, Entities, EntityTypeName, EntityUid, Request, RestrictedExpression,
+    Context, Decision, Entities, EntityTypeName, EntityUid, PolicyId, Request, RestrictedExpression,
 };
 
 use super::PolicyEngine;
-use super::decide::{DecideError, principal_entities, uid};
+use super::parts::{DecideError, principal_entities, uid};
 use super::reach::RequestBases;
 use super::slice::{PartialEvaluation, PolicySlices, evaluate_partial};
 use crate::identity::Caller;
@@ -96,18 +98,55 @@ enum Resource {
 
 /// One tool, ready to be asked about.
 #[derive(Debug)]
-struct ToolQuery {
-    tool: Arc<ToolContract>,
+pub(super) struct ToolQuery {
+    pub(super) tool: Arc<ToolContract>,
     action: EntityUid,
     resource: Resource,
     /// `Some(shown)` when the policies settle it whoever asks.
-    settled: Option<bool>,
+    pub(super) settled: Option<bool>,
+    /// Its class: tools of one class get the same answer for every caller.
+    pub(super) class: usize,
+}
+
+/// What makes two tools' requests evaluate alike: the same slice (the same
+/// policies, every one's scope true for both actions), the same resource
+/// type (unknown in both), the same `context.risk`, and no policy of the
+/// slice reading `action` in its conditions. Two such requests differ only
+/// in the action's uid, which nothing then observes: the principal, the
+/// context (its `input` unknown in both) and the entities are the same, so
+/// the partial evaluations are the same, residuals and errors included.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ClassKey {
+    policies: Vec<String>,
+    resource_type: String,
+    risk: &'static str,
+}
+
+/// Whether a policy's conditions read the `action` variable (its scope was
+/// already resolved into the slices). A policy that cannot be written out
+/// counts as reading it.
+fn reads_action(policy: &cedar_policy::Policy) -> bool {
+    fn mentions(v: &serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::Object(map) => {
+                map.get("Var").and_then(serde_json::Value::as_str) == Some("action")
+                    || map.values().any(mentions)
+            }
+            serde_json::Value::Array(items) => items.iter().any(mentions),
+            _ => false,
+        }
+    }
+    policy
+        .to_json()
+        .map_or(true, |est| est.get("conditions").is_none_or(mentions))
 }
 
 /// Per policy load: every tool's query, in name order.
 #[derive(Debug)]
 pub(super) struct CallableIndex {
-    tools: Vec<ToolQuery>,
+    pub(super) tools: Vec<ToolQuery>,
+    /// How many classes the tools fall into.
+    classes: usize,
 }
 
 impl CallableIndex {
@@ -123,8 +162,33 @@ impl CallableIndex {
         entities: &RequestBases,
     ) -> Result<Self, DecideError> {
         let anyone = entities.all().clone().partial();
-        let mut queries = Vec::new();
+        let mut queries: Vec<ToolQuery> = Vec::new();
+        // Each class's number and what the policies settle for it.
+        let mut classes: HashMap<ClassKey, (usize, Option<bool>)> = HashMap::new();
+        let mut count = 0;
+        // Written out once per policy, not once per tool of its slice.
+        let reading: HashSet<&PolicyId> = policies
+            .full()
+            .policies()
+            .filter(|p| reads_action(p))
+            .map(cedar_policy::Policy::id)
+            .collect();
         for tool in tools.iter().filter_map(|t| tools.get(&t.name)) {
+            let action = uid("Action", &tool.name)?;
+            let slice = policies.for_action(&action);
+            let key = match &tool.resource {
+                Some(r) if !slice.policies().any(|p| reading.contains(p.id())) => {
+                    let mut ids: Vec<String> =
+                        slice.policies().map(|p| p.id().to_string()).collect();
+                    ids.sort();
+                    Some(ClassKey {
+                        policies: ids,
+                        resource_type: r.entity_type.clone(),
+                        risk: tool.risk.as_str(),
+                    })
+                }
+                _ => None,
+            };
             let resource = match &tool.resource {
                 Some(r) => Resource::OfType(
                     EntityTypeName::from_str(&r.entity_type)
@@ -134,17 +198,30 @@ impl CallableIndex {
             };
             let mut query = ToolQuery {
                 tool: Arc::clone(tool),
-                action: uid("Action", &tool.name)?,
+                action,
                 resource,
                 settled: None,
+                class: count,
             };
-            query.settled = match query.verdict(Who::Anyone, policies, &anyone)? {
-                Verdict::Settled(reach) => Some(reach == ToolReach::Callable),
-                Verdict::Open => None,
-            };
+            if let Some((class, settled)) = key.as_ref().and_then(|k| classes.get(k)) {
+                query.class = *class;
+                query.settled = *settled;
+            } else {
+                query.settled = match query.verdict(Who::Anyone, policies, &anyone)? {
+                    Verdict::Settled(reach) => Some(reach == ToolReach::Callable),
+                    Verdict::Open => None,
+                };
+                if let Some(key) = key {
+                    classes.insert(key, (count, query.settled));
+                }
+                count += 1;
+            }
             queries.push(query);
         }
-        Ok(Self { tools: queries })
+        Ok(Self {
+            tools: queries,
+            classes: count,
+        })
     }
 }
 
@@ -271,9 +348,14 @@ impl PolicyEngine {
     /// [`DecideError::Request`] if a request cannot be built (a bug).
     pub fn callable_tools(&self, caller: &Caller) -> Result<Vec<Arc<ToolContract>>, DecideError> {
         let mut store: Option<(EntityUid, Entities)> = None;
+        // Each class's answer for this caller, once one of its tools is evaluated.
+        let mut answers: Vec<Option<bool>> = vec![None; self.callable.classes];
         let mut shown = Vec::new();
         for query in &self.callable.tools {
-            let callable = match query.settled {
+            let known = query
+                .settled
+                .or_else(|| answers.get(query.class).copied().flatten());
+            let callable = match known {
                 Some(shown) => shown,
                 None => {
                     if store.is_none() {
@@ -282,7 +364,12 @@ impl PolicyEngine {
                     let Some((principal, entities)) = &store else {
                         continue;
                     };
-                    query.reach(caller, principal, &self.policies, entities)? == ToolReach::Callable
+                    let callable = query.reach(caller, principal, &self.policies, entities)?
+                        == ToolReach::Callable;
+                    if let Some(answer) = answers.get_mut(query.class) {
+                        *answer = Some(callable);
+                    }
+                    callable
                 }
             };
             if callable {
@@ -346,7 +433,3 @@ impl ToolQuery {
         )
     }
 }
-
-#[cfg(test)]
-#[path = "callable_tests.rs"]
-mod tests;

@@ -2,19 +2,16 @@
 //! approval-required rule.
 
 use std::collections::{HashMap, HashSet};
-use std::str::FromStr;
 
-use cedar_policy::{
-    Context, Effect, Entities, Entity, EntityId, EntityTypeName, EntityUid, Request,
-    RestrictedExpression,
-};
+use cedar_policy::{Context, Effect, Entities, Entity, EntityUid, Request, RestrictedExpression};
 use serde_json::{Map, Value};
 
 use super::PolicyEngine;
+use super::parts::{DecideError, principal_entities, uid};
 use super::slice::{Evaluation, evaluate};
 use super::values;
 use crate::identity::Caller;
-use crate::tools::{ProjectionError, ToolContract};
+use crate::tools::ToolContract;
 
 /// Everything Cedar needs to know about one call, all of it already
 /// validated: the arguments passed the tool's schema.
@@ -45,43 +42,6 @@ pub enum PolicyDecision {
     /// A policy failed to evaluate: fail closed (DESIGN §3.3 rule 4).
     Errored { policies: Vec<String> },
 }
-
-/// Why a call could not be evaluated at all.
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum DecideError {
-    /// The executor's entity data is malformed or does not match the schema.
-    #[error("invalid entities: {0}")]
-    Entities(String),
-    /// The contract names a resource that the request did not supply.
-    #[error("resource `{0}` was not supplied")]
-    ResourceNotFound(String),
-    /// An argument value has no exact Cedar representation.
-    #[error(transparent)]
-    Projection(#[from] ProjectionError),
-    /// The request could not be built against the schema; a toolgate bug.
-    #[error("cannot build the Cedar request: {0}")]
-    Request(String),
-}
-
-pub(super) fn uid(ty: &str, id: &str) -> Result<EntityUid, DecideError> {
-    let ty = match ty {
-        "User" | "Tenant" | "Tool" | "Action" => GENERATED_TYPES
-            .iter()
-            .find(|t| t.basename() == ty)
-            .cloned()
-            .ok_or_else(|| DecideError::Request(format!("no type `{ty}`")))?,
-        _ => EntityTypeName::from_str(ty).map_err(|e| DecideError::Request(e.to_string()))?,
-    };
-    Ok(EntityUid::from_type_name_and_id(ty, EntityId::new(id)))
-}
-
-/// The generated types every decision names, parsed once.
-static GENERATED_TYPES: std::sync::LazyLock<Vec<EntityTypeName>> = std::sync::LazyLock::new(|| {
-    ["User", "Tenant", "Tool", "Action"]
-        .iter()
-        .filter_map(|t| EntityTypeName::from_str(t).ok())
-        .collect()
-});
 
 /// A Cedar request. Built from values typed by the generated schema, it is
 /// checked against the schema in debug builds, so every decision the test
@@ -227,34 +187,6 @@ impl PolicyEngine {
         }
         with_entities(base, &self.schema, principal, extra)
     }
-}
-
-/// The principal (its tenant and roles from the caller only, a member of its
-/// tenant) first, then its tenant when `base` does not hold it.
-pub(super) fn principal_entities(
-    caller: &Caller,
-    base: &Entities,
-    principal: &EntityUid,
-    tenant: &EntityUid,
-) -> Result<Vec<Entity>, DecideError> {
-    let roles = caller
-        .roles
-        .iter()
-        .map(|r| RestrictedExpression::new_string(r.clone()));
-    let attrs = HashMap::from([
-        (
-            "tenant".to_owned(),
-            RestrictedExpression::new_entity_uid(tenant.clone()),
-        ),
-        ("roles".to_owned(), RestrictedExpression::new_set(roles)),
-    ]);
-    let user = Entity::new(principal.clone(), attrs, HashSet::from([tenant.clone()]))
-        .map_err(|e| DecideError::Request(e.to_string()))?;
-    let mut extra = vec![user];
-    if base.get(tenant).is_none() {
-        extra.push(Entity::new_no_attrs(tenant.clone(), HashSet::new()));
-    }
-    Ok(extra)
 }
 
 /// `base` plus `extra`, checked against the schema; none of `extra` may be

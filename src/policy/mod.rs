@@ -25,22 +25,27 @@ mod callable;
 mod decide;
 mod diagnostic;
 mod load;
+mod parts;
 #[cfg(any(test, feature = "test-support"))]
 pub mod plain;
 mod reach;
 mod reload;
 pub mod schema;
 mod slice;
+mod stored;
 mod values;
 mod watch;
 
 #[cfg(test)]
+mod callable_tests;
+#[cfg(test)]
 mod cedar_conformance_tests;
 
 pub use callable::{HiddenReason, ToolReach};
-pub use decide::{DecideError, PolicyDecision, ToolCall};
+pub use decide::{PolicyDecision, ToolCall};
 pub use diagnostic::{Severity, SourceDiagnostic, codes, line_column};
 pub use load::{LoadErrors, PolicyLoadError};
+pub use parts::DecideError;
 pub use reload::{PolicyReloader, PolicyStatus, ReloadFailure, ReloadMetrics, ReloadOutcome};
 pub use watch::{ReloadTriggers, start_reloads};
 

@@ -91,6 +91,12 @@ impl RequestBases {
         &self.all
     }
 
+    /// Whether `uid` is a static entity (the deployment's file, or one
+    /// toolgate generates).
+    pub(super) fn contains(&self, uid: &EntityUid) -> bool {
+        self.all.get(uid).is_some()
+    }
+
     /// The base of a request on `action`.
     pub(super) fn for_action(&self, action: &EntityUid) -> &Entities {
         self.by_action.get(action).unwrap_or(&self.all)

@@ -2,7 +2,7 @@
 //!
 //! [`build`] assembles the object graph — the live policy set, the store,
 //! metrics, the audit log, the approvals hub, the principal rule, and the
-//! three desks (decisions, approvals, ledger) — and [`serve`] runs it: the
+//! four desks (decisions, approvals, ledger, entities) — and [`serve`] runs it: the
 //! background jobs of the domain (approval expiry, ledger retention, policy
 //! reloads, other replicas' approval events, the store probe) for as long
 //! as the gRPC server and the metrics endpoint answer, then the audit log's
@@ -30,6 +30,7 @@ use crate::authzen::desk::{AuthzenDesk, AuthzenParts};
 use crate::clock::Clock;
 use crate::config::{Config, ListenAddr};
 use crate::decision::{AuthorizerParts, ToolCallAuthorizer};
+use crate::entities::desk::{EntityDesk, EntityDeskParts};
 use crate::grpc::{self, Listener, ServeError, TlsPem};
 use crate::identity::{IdentityVerifier, Principals, TokenError, TokenVerifier};
 use crate::ledger::desk::{LedgerDesk, LedgerParts};
@@ -90,6 +91,8 @@ pub struct Services {
     pub authorizer: Arc<ToolCallAuthorizer>,
     pub approvals: Arc<ApprovalDesk>,
     pub ledger: Arc<LedgerDesk>,
+    /// The entity store's desk (DESIGN §11.6).
+    pub entities: Arc<EntityDesk>,
     /// The AuthZEN door (DESIGN §11.1), on the same pipeline.
     pub authzen: Arc<AuthzenDesk>,
     jobs: jobs::Schedule,
@@ -154,6 +157,15 @@ pub async fn assemble(
         audit: Arc::clone(&audit),
         metrics: Arc::clone(&metrics),
     }));
+    let entities = Arc::new(EntityDesk::new(EntityDeskParts {
+        engine: Arc::clone(&engine),
+        store: Arc::clone(&store),
+        clock: Arc::clone(&clock),
+        audit: Arc::clone(&audit),
+        metrics: Arc::clone(&metrics),
+        limits: config.authorizer.entity_store,
+        decoding: config.authorizer.entity_limits,
+    }));
     let approvals = Arc::new(ApprovalDesk::new(ApprovalDeskParts {
         engine,
         store: Arc::clone(&store),
@@ -180,6 +192,7 @@ pub async fn assemble(
         authorizer,
         approvals,
         ledger,
+        entities,
         authzen,
         jobs: jobs::Schedule {
             approval_expiry: config.approval_expiry_interval,
@@ -333,6 +346,7 @@ pub async fn serve(
         mcp_mapping: crate::authzen::declared_mapping(&config.authzen, &config.verifier.claims),
         approvals: Arc::clone(&services.approvals),
         ledger: Arc::clone(&services.ledger),
+        entities: Arc::clone(&services.entities),
         policies: Arc::clone(&services.policies),
         metrics: Arc::clone(&services.metrics),
     };

@@ -1,4 +1,4 @@
-//! Persistent state: approvals and the execution ledger.
+//! Persistent state: approvals, the execution ledger and the entity store.
 //!
 //! [`Store`] is the one interface every backend implements with the same
 //! semantics; each method is one database transaction. Backends touch the
@@ -18,6 +18,10 @@ pub mod scratch;
 mod sqlite;
 
 #[cfg(test)]
+mod entity_suite;
+#[cfg(test)]
+mod gateway_suite;
+#[cfg(test)]
 mod suite;
 
 pub use open::open;
@@ -31,6 +35,7 @@ use async_trait::async_trait;
 
 use crate::approvals::{ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::clock::UnixMillis;
+use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{
     self, BeginAnswer, Collect, ExecutionRecord, ExecutionState, RecordedError, Settled,
 };
@@ -124,6 +129,22 @@ pub enum ApprovalUse {
     ConsumedByOther,
     /// No longer approved and unexpired.
     NotUsable,
+}
+
+/// What a gateway call that names no approval finds (DESIGN §11.3): the
+/// approvals bound to its call minus the request id, in this order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayApproval {
+    /// An APPROVED, unexpired approval, now bound to the call's idempotency
+    /// key (`first`: the oldest unconsumed one), or already bound to it (a
+    /// retry of the same operation). The record shows the binding.
+    Consumed { record: ApprovalRecord, first: bool },
+    /// A PENDING, unexpired one (the oldest): the call waits for it.
+    Pending(ApprovalRecord),
+    /// The latest one was REJECTED and has not expired.
+    Rejected(ApprovalRecord),
+    /// None of those: a new PENDING approval, created from the request.
+    Requested(ApprovalRecord),
 }
 
 /// A human's decision, to record on a PENDING approval.
@@ -285,6 +306,27 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         now: UnixMillis,
     ) -> Result<ApprovalUse, StoreError>;
 
+    /// The approval a gateway call that names none uses (DESIGN §11.3), in
+    /// one transaction: among the approvals bound to `new`'s tenant,
+    /// requester, tool, tool version, risk and arguments hash (not its
+    /// request id), the APPROVED, unexpired one `idempotency_key` already
+    /// consumed; else the oldest APPROVED, unexpired, unconsumed one,
+    /// consumed by `idempotency_key` (of concurrent calls exactly one
+    /// consumes it, across processes); else the oldest PENDING, unexpired
+    /// one; else the latest one if it is REJECTED and unexpired; else a new
+    /// PENDING approval from `new`, under `new.limits` as in
+    /// [`Store::pending_approval_for_call`].
+    ///
+    /// # Errors
+    /// [`StoreError::PendingLimit`] when a new approval would exceed a cap;
+    /// [`StoreError`] when the database fails.
+    async fn approval_for_gateway_call(
+        &self,
+        new: NewApproval,
+        idempotency_key: &str,
+        now: UnixMillis,
+    ) -> Result<GatewayApproval, StoreError>;
+
     /// A page of one tenant's approvals in id (creation) order, after the
     /// approval id `after`, optionally of one status.
     ///
@@ -376,6 +418,59 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// [`StoreError`] when it does not.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    // ---- The entity store (DESIGN §11.6): Cedar entities keyed by
+    // (tenant, type, id). Every call reads or writes one tenant's rows only.
+
+    /// Writes `entities` into `tenant_id`'s rows in one transaction, each
+    /// replacing the stored entity of the same uid, parents and all
+    /// (`now` is its `updated_at`). All or nothing.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is then written.
+    async fn upsert_entities(
+        &self,
+        tenant_id: &str,
+        entities: Vec<StoredEntity>,
+        now: UnixMillis,
+    ) -> Result<(), StoreError>;
+
+    /// Deletes these uids from `tenant_id`'s rows in one transaction;
+    /// returns how many were stored.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is then deleted.
+    async fn delete_entities(
+        &self,
+        tenant_id: &str,
+        uids: Vec<EntityKey>,
+    ) -> Result<usize, StoreError>;
+
+    /// `tenant_id`'s stored entities of these uids (each as its canonical
+    /// JSON), in the order asked; a uid not stored is left out.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn get_entities(
+        &self,
+        tenant_id: &str,
+        uids: Vec<EntityKey>,
+    ) -> Result<Vec<(EntityKey, String)>, StoreError>;
+
+    /// What a decision needs of `tenant_id`'s rows, in one read: `root`
+    /// (the resource) if stored, and every stored entity its stored
+    /// parents reach, transitively, each once (a cycle ends the walk).
+    /// The walk visits at most `max_walk` uids, stored or not; one more
+    /// would make [`EntityWalk::exceeded`] true.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn walk_entities(
+        &self,
+        tenant_id: &str,
+        root: EntityKey,
+        max_walk: usize,
+    ) -> Result<EntityWalk, StoreError>;
 
     /// Relays into `events` the approval events that *other* processes
     /// sharing this database cause, for as long as the returned task runs;

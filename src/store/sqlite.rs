@@ -6,6 +6,8 @@
 //! between, whether the other writer is this process or another one with
 //! the same file open: that is what makes a Begin exactly-once.
 
+mod entities;
+
 use std::path::Path;
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -13,13 +15,16 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{
-    APPROVAL_COLUMNS, ApprovalDecision, ApprovalUse, DecideOutcome, EXECUTION_COLUMNS, Store,
-    StoreError, collectable_states_sql, error_to_json, signed, stored_error, stored_risk,
-    stored_state, stored_status, stored_unsigned,
+    APPROVAL_COLUMNS, ApprovalDecision, ApprovalUse, DecideOutcome, EXECUTION_COLUMNS,
+    GatewayApproval, Store, StoreError, collectable_states_sql, error_to_json, signed,
+    stored_error, stored_risk, stored_state, stored_status, stored_unsigned,
 };
 use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::clock::UnixMillis;
+use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled, Transition, Write};
+
+mod gateway;
 
 /// Versioned migrations; index + 1 is the schema version they produce.
 const MIGRATIONS: &[&str] = &[
@@ -81,6 +86,14 @@ CREATE UNIQUE INDEX approvals_one_pending_per_call ON approvals
     (tenant_id, requester_subject_id, tool, tool_version, risk, arguments_sha256, request_id)
     WHERE status = 'PENDING';
 ",
+    // A gateway call finds its approvals by the call minus its request id
+    // (DESIGN §11.3), oldest or latest first.
+    r"
+CREATE INDEX approvals_by_call ON approvals
+    (tenant_id, requester_subject_id, tool, arguments_sha256, created_at);
+",
+    // The entity store (DESIGN §11.6).
+    entities::MIGRATION,
 ];
 
 /// The whole call an approval is bound to (DESIGN §4), parameters ?1–?7.
@@ -341,6 +354,89 @@ fn transition<T: Transition>(conn: &mut Connection, step: &T) -> Result<T::Answe
     Ok(answer)
 }
 
+/// The PENDING, unexpired approval bound to exactly this call, else a new
+/// one under the caps, inside the caller's `BEGIN IMMEDIATE` transaction
+/// (see [`Store::pending_approval_for_call`]); the caller commits.
+fn pending_in(
+    tx: &rusqlite::Transaction<'_>,
+    new: NewApproval,
+    now: UnixMillis,
+) -> Result<(ApprovalRecord, bool), StoreError> {
+    // A pending approval past its expiry is no longer pending.
+    tx.execute(
+        &format!("UPDATE approvals SET status = 'EXPIRED' WHERE status = 'PENDING' AND expires_at <= ?8 AND {SAME_CALL}"),
+        params![new.tenant_id, new.requester_subject_id, new.tool, new.tool_version, new.risk.as_str(), new.arguments_sha256, new.request_id, now],
+    )?;
+    let existing = tx
+        .query_row(
+            &format!(
+                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'PENDING' AND {SAME_CALL}"
+            ),
+            params![
+                new.tenant_id,
+                new.requester_subject_id,
+                new.tool,
+                new.tool_version,
+                new.risk.as_str(),
+                new.arguments_sha256,
+                new.request_id
+            ],
+            approval_from_row,
+        )
+        .optional()?;
+    if let Some(record) = existing {
+        return record.map(|r| (r, false));
+    }
+    // Inside BEGIN IMMEDIATE: no other writer counts or inserts meanwhile.
+    let (subject, tenant): (i64, i64) = tx.query_row(
+        &super::pending_counts_sql('?'),
+        params![new.tenant_id, new.requester_subject_id, now],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )?;
+    if let Some(scope) = crate::approvals::PendingScope::exceeded(new.limits, subject, tenant) {
+        return Err(StoreError::PendingLimit(scope));
+    }
+    tx.execute(
+        &format!("INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'PENDING', ?11, ?12, NULL, NULL, NULL, NULL)"),
+        params![
+            new.approval_id,
+            new.tenant_id,
+            new.requester_subject_id,
+            new.agent_id,
+            new.tool,
+            new.tool_version,
+            new.risk.as_str(),
+            new.arguments_sha256,
+            new.display_arguments,
+            new.request_id,
+            new.created_at,
+            new.expires_at
+        ],
+    )?;
+    Ok((
+        ApprovalRecord {
+            approval_id: new.approval_id,
+            tenant_id: new.tenant_id,
+            requester_subject_id: new.requester_subject_id,
+            agent_id: new.agent_id,
+            tool: new.tool,
+            tool_version: new.tool_version,
+            risk: new.risk,
+            arguments_sha256: new.arguments_sha256,
+            display_arguments: new.display_arguments,
+            request_id: new.request_id,
+            status: ApprovalStatus::Pending,
+            created_at: new.created_at,
+            expires_at: new.expires_at,
+            decided_by: None,
+            decided_at: None,
+            reason: None,
+            consumed_by_idempotency_key: None,
+        },
+        true,
+    ))
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn begin_execution(&self, step: ledger::Begin) -> Result<BeginAnswer, StoreError> {
@@ -395,70 +491,22 @@ impl Store for SqliteStore {
     ) -> Result<(ApprovalRecord, bool), StoreError> {
         self.with(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            // A pending approval past its expiry is no longer pending.
-            tx.execute(
-                &format!("UPDATE approvals SET status = 'EXPIRED' WHERE status = 'PENDING' AND expires_at <= ?8 AND {SAME_CALL}"),
-                params![new.tenant_id, new.requester_subject_id, new.tool, new.tool_version, new.risk.as_str(), new.arguments_sha256, new.request_id, now],
-            )?;
-            let existing = tx
-                .query_row(
-                    &format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'PENDING' AND {SAME_CALL}"),
-                    params![new.tenant_id, new.requester_subject_id, new.tool, new.tool_version, new.risk.as_str(), new.arguments_sha256, new.request_id],
-                    approval_from_row,
-                )
-                .optional()?;
-            if let Some(record) = existing {
-                tx.commit()?;
-                return record.map(|r| (r, false));
-            }
-            // Inside BEGIN IMMEDIATE: no other writer counts or inserts meanwhile.
-            let (subject, tenant): (i64, i64) = tx.query_row(
-                &super::pending_counts_sql('?'),
-                params![new.tenant_id, new.requester_subject_id, now],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-            )?;
-            if let Some(scope) = crate::approvals::PendingScope::exceeded(new.limits, subject, tenant) {
-                return Err(StoreError::PendingLimit(scope));
-            }
-            tx.execute(
-                &format!("INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'PENDING', ?11, ?12, NULL, NULL, NULL, NULL)"),
-                params![
-                    new.approval_id,
-                    new.tenant_id,
-                    new.requester_subject_id,
-                    new.agent_id,
-                    new.tool,
-                    new.tool_version,
-                    new.risk.as_str(),
-                    new.arguments_sha256,
-                    new.display_arguments,
-                    new.request_id,
-                    new.created_at,
-                    new.expires_at
-                ],
-            )?;
+            let answer = pending_in(&tx, new, now)?;
             tx.commit()?;
-            Ok((ApprovalRecord {
-                approval_id: new.approval_id,
-                tenant_id: new.tenant_id,
-                requester_subject_id: new.requester_subject_id,
-                agent_id: new.agent_id,
-                tool: new.tool,
-                tool_version: new.tool_version,
-                risk: new.risk,
-                arguments_sha256: new.arguments_sha256,
-                display_arguments: new.display_arguments,
-                request_id: new.request_id,
-                status: ApprovalStatus::Pending,
-                created_at: new.created_at,
-                expires_at: new.expires_at,
-                decided_by: None,
-                decided_at: None,
-                reason: None,
-                consumed_by_idempotency_key: None,
-            }, true))
+            Ok(answer)
         })
         .await
+    }
+
+    async fn approval_for_gateway_call(
+        &self,
+        new: NewApproval,
+        idempotency_key: &str,
+        now: UnixMillis,
+    ) -> Result<GatewayApproval, StoreError> {
+        let key = idempotency_key.to_owned();
+        self.with(move |conn| gateway::approval_for_gateway_call(conn, new, &key, now))
+            .await
     }
 
     async fn consume_approval(
@@ -623,6 +671,50 @@ impl Store for SqliteStore {
         })
         .await
     }
+
+    // ---- The entity store (DESIGN §11.6): see `sqlite/entities.rs`.
+
+    async fn upsert_entities(
+        &self,
+        tenant_id: &str,
+        entities: Vec<StoredEntity>,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let tenant_id = tenant_id.to_owned();
+        self.with(move |conn| entities::upsert(conn, &tenant_id, &entities, now))
+            .await
+    }
+
+    async fn delete_entities(
+        &self,
+        tenant_id: &str,
+        uids: Vec<EntityKey>,
+    ) -> Result<usize, StoreError> {
+        let tenant_id = tenant_id.to_owned();
+        self.with(move |conn| entities::delete(conn, &tenant_id, &uids))
+            .await
+    }
+
+    async fn get_entities(
+        &self,
+        tenant_id: &str,
+        uids: Vec<EntityKey>,
+    ) -> Result<Vec<(EntityKey, String)>, StoreError> {
+        let tenant_id = tenant_id.to_owned();
+        self.with(move |conn| entities::get(conn, &tenant_id, uids))
+            .await
+    }
+
+    async fn walk_entities(
+        &self,
+        tenant_id: &str,
+        root: EntityKey,
+        max_walk: usize,
+    ) -> Result<EntityWalk, StoreError> {
+        let tenant_id = tenant_id.to_owned();
+        self.with(move |conn| entities::walk(conn, &tenant_id, &root, max_walk))
+            .await
+    }
 }
 
 #[cfg(test)]
@@ -724,7 +816,7 @@ mod tests {
             .unwrap()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 3);
+        assert_eq!(version, 5);
         assert_eq!(
             store
                 .get_approval("t1", "a1")
@@ -758,7 +850,7 @@ mod tests {
             SqliteStore::open(&path),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 3
+                known: 5
             })
         ));
     }

@@ -48,6 +48,14 @@ macro_rules! store_suite {
             each_expiry_is_swept_once_across_connections,
             pending_approvals_are_capped_per_subject_and_per_tenant,
             the_pending_cap_holds_across_connections,
+            a_gateway_call_finds_its_approval_without_its_request_id,
+            a_gateway_approval_serves_only_its_own_call,
+            a_gateway_call_takes_the_oldest_usable_approval,
+            one_approval_runs_one_of_racing_gateway_and_executor_calls,
+            entities_are_replaced_read_and_deleted_by_uid,
+            entities_of_one_tenant_are_invisible_to_another,
+            the_ancestor_walk_is_transitive_and_bounded,
+            concurrent_upserts_leave_one_whole_entity,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {
@@ -62,6 +70,17 @@ macro_rules! store_suite {
     };
 }
 pub(crate) use store_suite;
+
+pub use super::entity_suite::{
+    concurrent_upserts_leave_one_whole_entity, entities_are_replaced_read_and_deleted_by_uid,
+    entities_of_one_tenant_are_invisible_to_another, the_ancestor_walk_is_transitive_and_bounded,
+};
+pub use super::gateway_suite::{
+    a_gateway_approval_serves_only_its_own_call,
+    a_gateway_call_finds_its_approval_without_its_request_id,
+    a_gateway_call_takes_the_oldest_usable_approval,
+    one_approval_runs_one_of_racing_gateway_and_executor_calls,
+};
 
 /// Every result is valid: these tests are about persistence, not schemas.
 #[derive(Debug)]
@@ -239,7 +258,7 @@ pub async fn exactly_one_acquires_across_connections(backend: &dyn Backend) {
 
 /// `n` calls at once (released together by a barrier), spread over the
 /// stores in turn; their results in call order, each bounded by 30 s.
-async fn at_once<T, F, Fut>(stores: &[Arc<dyn Store>; 2], n: usize, call: F) -> Vec<T>
+pub(super) async fn at_once<T, F, Fut>(stores: &[Arc<dyn Store>; 2], n: usize, call: F) -> Vec<T>
 where
     F: Fn(Arc<dyn Store>, usize) -> Fut,
     Fut: std::future::Future<Output = T> + Send + 'static,
@@ -471,7 +490,7 @@ pub fn new_approval(id: &str, now: UnixMillis) -> NewApproval {
     }
 }
 
-fn decision(approve: bool, by: &str, at: UnixMillis) -> ApprovalDecision {
+pub(super) fn decision(approve: bool, by: &str, at: UnixMillis) -> ApprovalDecision {
     ApprovalDecision {
         approve,
         decided_by: by.into(),

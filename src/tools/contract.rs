@@ -200,7 +200,7 @@ impl ToolContract {
 }
 
 /// The fields of a contract, in MCP's spelling.
-const CONTRACT_FIELDS: &[&str] = &[
+pub(super) const CONTRACT_FIELDS: &[&str] = &[
     "name",
     "version",
     "description",
@@ -493,7 +493,7 @@ impl Loader<'_> {
 }
 
 /// `^[A-Za-z0-9_-]{1,64}$`.
-fn is_valid_name(name: &str) -> bool {
+pub(super) fn is_valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
             .bytes()

@@ -78,6 +78,7 @@
 mod contract;
 mod contract_error;
 mod decimal;
+pub mod import;
 mod input_type;
 mod pointer;
 mod registry;
@@ -96,3 +97,5 @@ pub use schema::{QUOTE_LIMIT, Violation};
 mod conformance_tests;
 #[cfg(test)]
 mod contract_tests;
+#[cfg(test)]
+mod import_tests;

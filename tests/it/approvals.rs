@@ -871,7 +871,7 @@ async fn refund_version_is(server: &TestServer, version: &str) {
         let tools = server
             .client()
             .await
-            .list_tools(pb::ListToolsRequest {})
+            .list_tools(pb::ListToolsRequest::default())
             .await
             .unwrap()
             .into_inner()

@@ -644,7 +644,7 @@ async fn list_tools_is_in_name_order_with_schemas() {
     let server = TestServer::start().await;
     let mut client = server.client().await;
     let r = client
-        .list_tools(pb::ListToolsRequest {})
+        .list_tools(pb::ListToolsRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -709,6 +709,7 @@ async fn health_serves_and_reflection_lists_the_services() {
         "toolgate.v1.AuthorizationService",
         "toolgate.v1.ApprovalService",
         "toolgate.v1.LedgerService",
+        "toolgate.v1.EntityService",
     ] {
         let r = health
             .check(HealthCheckRequest {
@@ -744,10 +745,9 @@ async fn health_serves_and_reflection_lists_the_services() {
         names.contains(&"toolgate.v1.AuthorizationService".to_owned()),
         "{names:?}"
     );
-    assert!(
-        names.contains(&"toolgate.v1.LedgerService".to_owned()),
-        "{names:?}"
-    );
+    for service in ["toolgate.v1.LedgerService", "toolgate.v1.EntityService"] {
+        assert!(names.contains(&service.to_owned()), "{names:?}");
+    }
     server.stop().await;
 }
 

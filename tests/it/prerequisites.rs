@@ -1,7 +1,8 @@
 //! What the integration tests need from the machine, and the one rule for
 //! when it is missing: the PostgreSQL test server (`TOOLGATE_TEST_POSTGRES`,
 //! probed by `support::postgres_or_skip`), a Python with the client's
-//! packages (`TOOLGATE_PYTHON`), Node.js with `clients/node`'s packages
+//! packages (`TOOLGATE_PYTHON`; with the MCP Python SDK for `tools import`),
+//! Node.js with `clients/node`'s packages
 //! (`TOOLGATE_NODE`).
 //!
 //! A missing prerequisite **fails** the test that needs it, naming it and
@@ -53,6 +54,26 @@ pub fn python() -> Option<String> {
         &format!("`{py}` lacks grpcio, grpcio-tools, rfc8785 or pytest"),
         "run ./scripts/test.sh (it installs clients/python/requirements.txt into .venv), \
          or set TOOLGATE_PYTHON to a Python that has them",
+    );
+    None
+}
+
+/// The Python with the official MCP SDK (`clients/mcp/requirements.txt`):
+/// `TOOLGATE_PYTHON`, else `python3`. `None` only when it lacks it and skips are allowed.
+pub fn python_with_mcp() -> Option<String> {
+    let py = std::env::var("TOOLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&py)
+        .args(["-c", "import mcp.server.fastmcp"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        return Some(py);
+    }
+    skip_or_fail(
+        &format!("`{py}` lacks the MCP Python SDK (`mcp`)"),
+        "run ./scripts/test.sh (it installs clients/mcp/requirements.txt into .venv), \
+         or set TOOLGATE_PYTHON to a Python that has it",
     );
     None
 }

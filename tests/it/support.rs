@@ -124,6 +124,9 @@ pub struct TestServer {
     _schema: Option<ScratchSchema>,
     /// The server's live policy set and its reloads.
     pub policies: Arc<PolicyReloader>,
+    /// The server's decision pipeline, as its doors call it: for doors
+    /// this test binary drives without their transport (`Door::Gateway`).
+    pub authorizer: Arc<toolgate::decision::ToolCallAuthorizer>,
     metrics_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -242,10 +245,11 @@ impl TestServer {
             .api_addr()
             .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
         let metrics_addr = listeners.metrics_addr().expect("the test metrics listener");
-        let (metrics, audit, policies) = (
+        let (metrics, audit, policies, authorizer) = (
             Arc::clone(&services.metrics),
             Arc::clone(&services.audit),
             Arc::clone(&services.policies),
+            Arc::clone(&services.authorizer),
         );
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -262,6 +266,7 @@ impl TestServer {
             db_path,
             _schema: schema,
             policies,
+            authorizer,
             metrics_addr,
             stop: Some(stop),
             task: Some(task),

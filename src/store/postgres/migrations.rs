@@ -64,7 +64,39 @@ CREATE UNIQUE INDEX approvals_one_pending_per_call ON approvals
     (tenant_id, requester_subject_id, tool, tool_version, risk, arguments_sha256, request_id)
     WHERE status = 'PENDING';
 "#,
+    // A gateway call finds its approvals by the call minus its request id
+    // (DESIGN §11.3), oldest or latest first, without reading the tenant's
+    // whole history under the tenant's creator lock.
+    r#"
+CREATE INDEX approvals_by_call ON approvals
+    (tenant_id, requester_subject_id, tool, arguments_sha256, created_at);
+"#,
+    // The entity store (DESIGN §11.6).
+    ENTITIES,
 ];
+
+/// Entities and the parent edges the ancestor walk follows; a parent edge
+/// goes with its entity. Keys compare bytewise ("C"), as in SQLite.
+const ENTITIES: &str = r#"
+CREATE TABLE entities (
+    tenant_id TEXT COLLATE "C" NOT NULL,
+    entity_type TEXT COLLATE "C" NOT NULL,
+    entity_id TEXT COLLATE "C" NOT NULL,
+    entity_json TEXT NOT NULL,
+    updated_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, entity_type, entity_id)
+);
+CREATE TABLE entity_parents (
+    tenant_id TEXT COLLATE "C" NOT NULL,
+    entity_type TEXT COLLATE "C" NOT NULL,
+    entity_id TEXT COLLATE "C" NOT NULL,
+    parent_type TEXT COLLATE "C" NOT NULL,
+    parent_id TEXT COLLATE "C" NOT NULL,
+    PRIMARY KEY (tenant_id, entity_type, entity_id, parent_type, parent_id),
+    FOREIGN KEY (tenant_id, entity_type, entity_id)
+        REFERENCES entities (tenant_id, entity_type, entity_id) ON DELETE CASCADE
+);
+"#;
 
 pub(super) async fn migrate(mut client: Object) -> Result<(), Failure> {
     let tx = client.transaction().await?;

@@ -38,8 +38,9 @@
 //!
 //! Here: the pool, the retry of a transaction that lost a race, and the
 //! [`Store`] calls; `migrations` (the schema), `transition` (one ledger
-//! transition under its row lock), `relay` (the event bridge), `rows`
-//! (rows to records).
+//! transition under its row lock), `gateway` (the approval a gateway call
+//! finds, DESIGN §11.3), `relay` (the event bridge), `rows` (rows to
+//! records).
 
 use std::fmt;
 use std::future::Future;
@@ -56,15 +57,18 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 
 use super::{
-    APPROVAL_COLUMNS, ApprovalDecision, ApprovalUse, DecideOutcome, EXECUTION_COLUMNS, Store,
-    StoreError, StoreSettings, collectable_states_sql,
+    APPROVAL_COLUMNS, ApprovalDecision, ApprovalUse, DecideOutcome, EXECUTION_COLUMNS,
+    GatewayApproval, Store, StoreError, StoreSettings, collectable_states_sql,
 };
 use crate::approvals::{
     ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval, PendingScope,
 };
 use crate::clock::UnixMillis;
+use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled};
 
+mod entities;
+mod gateway;
 mod migrations;
 mod relay;
 mod rows;
@@ -280,6 +284,136 @@ fn backoff(tries: u32) -> Duration {
     Duration::from_millis(base + jitter)
 }
 
+/// The whole call an approval is bound to (DESIGN §4), parameters $1–$7.
+const SAME_CALL: &str = "tenant_id = $1 AND requester_subject_id = $2 AND tool = $3 \
+     AND tool_version = $4 AND risk = $5 AND arguments_sha256 = $6 AND request_id = $7";
+
+/// `new`'s whole call as the parameters $1–$7 of [`SAME_CALL`].
+fn call_params<'a>(
+    new: &'a NewApproval,
+    risk: &'a &'static str,
+) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 7] {
+    [
+        &new.tenant_id,
+        &new.requester_subject_id,
+        &new.tool,
+        &new.tool_version,
+        risk,
+        &new.arguments_sha256,
+        &new.request_id,
+    ]
+}
+
+/// The first step of creating an approval, in this order in every
+/// transaction that may create one (so that two of them never wait for
+/// each other's locks in a cycle): a PENDING approval of exactly this call
+/// past its expiry is marked expired (its row locked), then the tenant's
+/// creator lock is taken: one creator per tenant at a time, so the caps of
+/// [`pending_after_lock`] count what no concurrent transaction is about to
+/// add.
+async fn lock_call(
+    tx: &tokio_postgres::Transaction<'_>,
+    new: &NewApproval,
+    now: UnixMillis,
+) -> Result<(), Failure> {
+    let risk = new.risk.as_str();
+    tx.execute(
+        &format!(
+            "UPDATE approvals SET status = 'EXPIRED' \
+             WHERE status = 'PENDING' AND expires_at <= $8 AND {SAME_CALL}"
+        ),
+        &[call_params(new, &risk).as_slice(), &[&now]].concat(),
+    )
+    .await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('toolgate.approvals:' || $1::text))",
+        &[&new.tenant_id],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The PENDING approval bound to exactly this call, else a new one under
+/// the caps (see [`Store::pending_approval_for_call`]), after
+/// [`lock_call`] in the same transaction; the caller commits.
+async fn pending_after_lock(
+    tx: &tokio_postgres::Transaction<'_>,
+    new: &NewApproval,
+    now: UnixMillis,
+    origin: &str,
+) -> Result<(ApprovalRecord, bool), Failure> {
+    let risk = new.risk.as_str();
+    let call_params = call_params(new, &risk);
+    let existing = tx
+        .query_opt(
+            &format!(
+                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'PENDING' AND {SAME_CALL}"
+            ),
+            &call_params,
+        )
+        .await?;
+    if let Some(row) = existing {
+        return Ok((approval_from_row(&row)?, false));
+    }
+    let counts = tx
+        .query_one(
+            &super::pending_counts_sql('$'),
+            &[&new.tenant_id, &new.requester_subject_id, &now],
+        )
+        .await?;
+    let (subject, tenant): (i64, i64) = (counts.try_get(0)?, counts.try_get(1)?);
+    if let Some(scope) = PendingScope::exceeded(new.limits, subject, tenant) {
+        return Err(Failure::Store(StoreError::PendingLimit(scope)));
+    }
+    // The partial unique index admits one PENDING per call: of two
+    // racing inserts, the second waits for the first and writes
+    // nothing.
+    let insert = format!(
+        "WITH created AS (INSERT INTO approvals ({APPROVAL_COLUMNS}) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'PENDING', $11, $12, NULL, NULL, NULL, NULL) \
+         ON CONFLICT (tenant_id, requester_subject_id, tool, tool_version, risk, arguments_sha256, request_id) \
+         WHERE status = 'PENDING' DO NOTHING RETURNING *) \
+         SELECT {APPROVAL_COLUMNS}, {} FROM created",
+        PostgresStore::announce(ApprovalEventKind::Created, "$13")
+    );
+    let created = tx
+        .query_opt(
+            &insert,
+            &[
+                &new.approval_id,
+                &new.tenant_id,
+                &new.requester_subject_id,
+                &new.agent_id,
+                &new.tool,
+                &new.tool_version,
+                &risk,
+                &new.arguments_sha256,
+                &new.display_arguments,
+                &new.request_id,
+                &new.created_at,
+                &new.expires_at,
+                &origin,
+            ],
+        )
+        .await?;
+    if let Some(row) = created {
+        return Ok((approval_from_row(&row)?, true));
+    }
+    let existing = tx
+        .query_opt(
+            &format!(
+                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'PENDING' AND {SAME_CALL}"
+            ),
+            &call_params,
+        )
+        .await?;
+    match existing {
+        Some(row) => Ok((approval_from_row(&row)?, false)),
+        // Decided between our insert and this read: again.
+        None => Err(Failure::Retry),
+    }
+}
+
 #[async_trait]
 impl Store for PostgresStore {
     async fn pending_approval_for_call(
@@ -290,109 +424,25 @@ impl Store for PostgresStore {
         let new = &new;
         let origin = &*self.origin;
         self.run(|mut client| async move {
-            // The whole call an approval is bound to (DESIGN §4).
-            let call = "tenant_id = $1 AND requester_subject_id = $2 AND tool = $3 \
-                        AND tool_version = $4 AND risk = $5 AND arguments_sha256 = $6 AND request_id = $7";
-            let risk = new.risk.as_str();
-            let call_params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
-                &new.tenant_id,
-                &new.requester_subject_id,
-                &new.tool,
-                &new.tool_version,
-                &risk,
-                &new.arguments_sha256,
-                &new.request_id,
-            ];
             let tx = client.transaction().await?;
-            // A pending approval past its expiry is no longer pending.
-            tx.execute(
-                &format!(
-                    "UPDATE approvals SET status = 'EXPIRED' \
-                     WHERE status = 'PENDING' AND expires_at <= $8 AND {call}"
-                ),
-                &[call_params.as_slice(), &[&now]].concat(),
-            )
-            .await?;
-            // One creator per tenant at a time, so the caps below count
-            // what no concurrent transaction is about to add.
-            tx.execute(
-                "SELECT pg_advisory_xact_lock(hashtext('toolgate.approvals:' || $1::text))",
-                &[&new.tenant_id],
-            )
-            .await?;
-            let existing = tx
-                .query_opt(
-                    &format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'PENDING' AND {call}"),
-                    &call_params,
-                )
-                .await?;
-            if let Some(row) = existing {
-                let record = approval_from_row(&row)?;
-                tx.commit().await?;
-                return Ok((record, false));
-            }
-            let counts = tx
-                .query_one(
-                    &super::pending_counts_sql('$'),
-                    &[&new.tenant_id, &new.requester_subject_id, &now],
-                )
-                .await?;
-            let (subject, tenant): (i64, i64) = (counts.try_get(0)?, counts.try_get(1)?);
-            if let Some(scope) = PendingScope::exceeded(new.limits, subject, tenant) {
-                return Err(Failure::Store(StoreError::PendingLimit(scope)));
-            }
-            // The partial unique index admits one PENDING per call: of two
-            // racing inserts, the second waits for the first and writes
-            // nothing.
-            let insert = format!(
-                "WITH created AS (INSERT INTO approvals ({APPROVAL_COLUMNS}) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'PENDING', $11, $12, NULL, NULL, NULL, NULL) \
-                 ON CONFLICT (tenant_id, requester_subject_id, tool, tool_version, risk, arguments_sha256, request_id) \
-                 WHERE status = 'PENDING' DO NOTHING RETURNING *) \
-                 SELECT {APPROVAL_COLUMNS}, {} FROM created",
-                Self::announce(ApprovalEventKind::Created, "$13")
-            );
-            let created = tx
-                .query_opt(
-                    &insert,
-                    &[
-                        &new.approval_id,
-                        &new.tenant_id,
-                        &new.requester_subject_id,
-                        &new.agent_id,
-                        &new.tool,
-                        &new.tool_version,
-                        &new.risk.as_str(),
-                        &new.arguments_sha256,
-                        &new.display_arguments,
-                        &new.request_id,
-                        &new.created_at,
-                        &new.expires_at,
-                        &origin,
-                    ],
-                )
-                .await?;
-            let answer = match created {
-                Some(row) => (approval_from_row(&row)?, true),
-                None => {
-                    let existing = tx
-                        .query_opt(
-                            &format!(
-                                "SELECT {APPROVAL_COLUMNS} FROM approvals \
-                                 WHERE status = 'PENDING' AND {call}"
-                            ),
-                            &call_params,
-                        )
-                        .await?;
-                    match existing {
-                        Some(row) => (approval_from_row(&row)?, false),
-                        // Decided between our insert and this read: again.
-                        None => return Err(Failure::Retry),
-                    }
-                }
-            };
+            lock_call(&tx, new, now).await?;
+            let answer = pending_after_lock(&tx, new, now, origin).await?;
             tx.commit().await?;
             Ok(answer)
+        })
+        .await
+    }
+
+    async fn approval_for_gateway_call(
+        &self,
+        new: NewApproval,
+        idempotency_key: &str,
+        now: UnixMillis,
+    ) -> Result<GatewayApproval, StoreError> {
+        let new = &new;
+        let origin = &*self.origin;
+        self.run(|client| {
+            gateway::approval_for_gateway_call(client, new, idempotency_key, now, origin)
         })
         .await
     }
@@ -625,6 +675,50 @@ impl Store for PostgresStore {
             Ok(())
         })
         .await
+    }
+
+    // ---- The entity store (DESIGN §11.6): see `entities.rs`.
+
+    async fn upsert_entities(
+        &self,
+        tenant_id: &str,
+        entities: Vec<StoredEntity>,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let entities = &entities;
+        self.run(|client| entities::upsert(client, tenant_id, entities, now))
+            .await
+    }
+
+    async fn delete_entities(
+        &self,
+        tenant_id: &str,
+        uids: Vec<EntityKey>,
+    ) -> Result<usize, StoreError> {
+        let uids = &uids;
+        self.run(|client| entities::delete(client, tenant_id, uids))
+            .await
+    }
+
+    async fn get_entities(
+        &self,
+        tenant_id: &str,
+        uids: Vec<EntityKey>,
+    ) -> Result<Vec<(EntityKey, String)>, StoreError> {
+        let uids = &uids;
+        self.run(|client| entities::get(client, tenant_id, uids))
+            .await
+    }
+
+    async fn walk_entities(
+        &self,
+        tenant_id: &str,
+        root: EntityKey,
+        max_walk: usize,
+    ) -> Result<EntityWalk, StoreError> {
+        let root = &root;
+        self.run(|client| entities::walk(client, tenant_id, root, max_walk))
+            .await
     }
 
     async fn relay_approval_events(
