@@ -354,6 +354,7 @@ async fn allow_deny_and_approval_required_over_http1_and_h2() {
     let Some(schemas) = schemas() else { return };
     let dir = tempfile::tempdir().unwrap();
     let server = server(&dir, |_| {}).await;
+    let mut opened = Vec::new();
     for version in VERSIONS {
         // Allowed: the scope is there.
         let request = search(&["docs:read"]);
@@ -426,7 +427,13 @@ async fn allow_deny_and_approval_required_over_http1_and_h2() {
 
         // Approval required: the approval is opened, and the profile's
         // requestable denial names it.
-        let required = post(server.addr, version, EVALUATION, &wire(20_000).to_string())
+        // (Each version its own call: the same call again finds its approval.)
+        let amount = if version == Version::Http1 {
+            20_000
+        } else {
+            30_000
+        };
+        let required = post(server.addr, version, EVALUATION, &wire(amount).to_string())
             .await
             .json();
         schemas.decision_ok(&required);
@@ -456,13 +463,29 @@ async fn allow_deny_and_approval_required_over_http1_and_h2() {
             )
         );
         assert!(context["evaluation_id"].is_string());
+        opened.push(approval_id.to_owned());
     }
+    // The same call again while its approval is pending (DESIGN §11.3):
+    // that approval, pending; no second one, no new requestable denial.
+    let pending = post(
+        server.addr,
+        Version::H2,
+        EVALUATION,
+        &wire(20_000).to_string(),
+    )
+    .await
+    .json();
+    schemas.decision_ok(&pending);
+    assert_eq!(pending["decision"], false);
+    assert_eq!(pending["context"]["reason"], "approval_pending");
+    assert_eq!(pending["context"]["approval_id"], opened[0].as_str());
+    assert!(pending["context"].get("access_request").is_none());
 
-    // One decision, one event: four per version, each naming the door
-    // and the action.
+    // One decision, one event: four per version and the repeat, each
+    // naming the door and the action.
     let events = audit_events(&server, &dir).await;
     let decisions = events_of(&events, "decision");
-    assert_eq!(decisions.len(), 8, "{events:?}");
+    assert_eq!(decisions.len(), 9, "{events:?}");
     for d in &decisions {
         assert_eq!(d["door"], "gateway", "{d}");
         assert_eq!(d["action"], "tools/call", "{d}");
