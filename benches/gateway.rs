@@ -27,6 +27,8 @@ use tokio::net::TcpStream;
 use tonic::transport::Endpoint;
 use toolgate::grpc::pb;
 
+use common::{Summary, medians, summarize};
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const CONCURRENCY: [usize; 2] = [1, 16];
@@ -59,47 +61,6 @@ impl Options {
             return Err("rounds and seconds must be positive".into());
         }
         Ok(o)
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Summary {
-    p50_us: f64,
-    p99_us: f64,
-    rps: f64,
-}
-
-fn summarize(mut latencies: Vec<Duration>, elapsed: Duration) -> Summary {
-    latencies.sort_unstable();
-    let pick = |q: f64| {
-        #[allow(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            clippy::cast_precision_loss,
-            reason = "an index into a sample of at most millions"
-        )]
-        let i = ((latencies.len().saturating_sub(1)) as f64 * q).round() as usize;
-        latencies.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e6)
-    };
-    #[allow(clippy::cast_precision_loss, reason = "a count of requests")]
-    let rps = latencies.len() as f64 / elapsed.as_secs_f64().max(1e-9);
-    Summary {
-        p50_us: pick(0.50),
-        p99_us: pick(0.99),
-        rps,
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
-fn medians(rounds: &[Summary]) -> Summary {
-    Summary {
-        p50_us: median(rounds.iter().map(|s| s.p50_us).collect()),
-        p99_us: median(rounds.iter().map(|s| s.p99_us).collect()),
-        rps: median(rounds.iter().map(|s| s.rps).collect()),
     }
 }
 

@@ -86,3 +86,62 @@ pub fn load_policies(
         toolgate::policy::PolicyReloader::load(dir, clock).map_err(|e| format!("{e:?}"))?;
     Ok(std::sync::Arc::new(reloader))
 }
+
+/// Latencies of one side of one round.
+#[allow(dead_code, reason = "not every bench measures a load")]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Summary {
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub rps: f64,
+}
+
+/// The p50, p99 and rate of one side's latencies over `elapsed`.
+#[allow(dead_code, reason = "not every bench measures a load")]
+pub fn summarize(mut latencies: Vec<Duration>, elapsed: Duration) -> Summary {
+    latencies.sort_unstable();
+    let pick = |q: f64| {
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss,
+            reason = "an index into a sample of at most millions"
+        )]
+        let i = ((latencies.len().saturating_sub(1)) as f64 * q).round() as usize;
+        latencies.get(i).map_or(0.0, |d| d.as_secs_f64() * 1e6)
+    };
+    #[allow(clippy::cast_precision_loss, reason = "a count of requests")]
+    let rps = latencies.len() as f64 / elapsed.as_secs_f64().max(1e-9);
+    Summary {
+        p50_us: pick(0.50),
+        p99_us: pick(0.99),
+        rps,
+    }
+}
+
+/// The median (0 for none).
+#[allow(dead_code, reason = "not every bench measures a load")]
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return 0.0;
+    }
+    let mid = n / 2;
+    let at = |i: usize| v.get(i).copied().unwrap_or(0.0);
+    if n % 2 == 1 {
+        at(mid)
+    } else {
+        f64::midpoint(at(mid - 1), at(mid))
+    }
+}
+
+/// The medians over rounds of one side.
+#[allow(dead_code, reason = "not every bench measures a load")]
+pub fn medians(rounds: &[Summary]) -> Summary {
+    Summary {
+        p50_us: median(rounds.iter().map(|s| s.p50_us).collect()),
+        p99_us: median(rounds.iter().map(|s| s.p99_us).collect()),
+        rps: median(rounds.iter().map(|s| s.rps).collect()),
+    }
+}

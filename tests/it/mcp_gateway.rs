@@ -51,25 +51,6 @@ const ORDERS: &str = r#"[
 /// allow, which toolgate never answers for a call waiting on an approver.
 const NOT_AUTHORIZED: &str = "tool call not authorized";
 
-/// A Python with the MCP side's packages, or `None` when skips are allowed.
-fn mcp_python() -> Option<String> {
-    let py = std::env::var("TOOLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&py)
-        .args(["-c", "import apparitor.fastmcp, fastmcp, mcp"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if ok {
-        return Some(py);
-    }
-    prerequisites::skip_or_fail(
-        &format!("`{py}` lacks apparitor[fastmcp], fastmcp or mcp"),
-        "run ./scripts/test.sh (it installs clients/mcp/requirements.txt into .venv), \
-         or set TOOLGATE_PYTHON to a Python that has them",
-    );
-    None
-}
-
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -198,7 +179,7 @@ async fn pending(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_third_party_authzen_pep_guards_an_mcp_server_with_toolgate_deciding() {
-    let Some(py) = mcp_python() else {
+    let Some(py) = prerequisites::python_with_mcp_gateway() else {
         return;
     };
     let (dir, policies) = copy_of_examples();

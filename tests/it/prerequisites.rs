@@ -37,33 +37,14 @@ pub fn postgres_unreachable(error: &dyn std::fmt::Display) {
     );
 }
 
-/// The Python interpreter with `grpcio`, `grpcio-tools`, `rfc8785` and
-/// `pytest` (`clients/python/requirements.txt`): `TOOLGATE_PYTHON` (set by
-/// `scripts/test.sh` to its virtualenv), else `python3`. `None` only when it
-/// lacks them and skips are allowed.
-pub fn python() -> Option<String> {
+/// `TOOLGATE_PYTHON` (set by `scripts/test.sh` to its virtualenv), else
+/// `python3`, if it can `import` what `imports` names. Otherwise the test
+/// fails naming `lacks` and the requirements file that provides it, or, where
+/// skips are allowed, `None`.
+fn python_that_imports(imports: &str, lacks: &str, requirements: &str) -> Option<String> {
     let py = std::env::var("TOOLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
     let ok = Command::new(&py)
-        .args(["-c", "import grpc, grpc_tools, rfc8785, pytest"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if ok {
-        return Some(py);
-    }
-    skip_or_fail(
-        &format!("`{py}` lacks grpcio, grpcio-tools, rfc8785 or pytest"),
-        "run ./scripts/test.sh (it installs clients/python/requirements.txt into .venv), \
-         or set TOOLGATE_PYTHON to a Python that has them",
-    );
-    None
-}
-
-/// The Python with the official MCP SDK (`clients/mcp/requirements.txt`):
-/// `TOOLGATE_PYTHON`, else `python3`. `None` only when it lacks it and skips are allowed.
-pub fn python_with_mcp() -> Option<String> {
-    let py = std::env::var("TOOLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&py)
-        .args(["-c", "import mcp.server.fastmcp"])
+        .args(["-c", &format!("import {imports}")])
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
@@ -71,11 +52,44 @@ pub fn python_with_mcp() -> Option<String> {
         return Some(py);
     }
     skip_or_fail(
-        &format!("`{py}` lacks the MCP Python SDK (`mcp`)"),
-        "run ./scripts/test.sh (it installs clients/mcp/requirements.txt into .venv), \
-         or set TOOLGATE_PYTHON to a Python that has it",
+        &format!("`{py}` lacks {lacks}"),
+        &format!(
+            "run ./scripts/test.sh (it installs {requirements} into .venv), \
+             or set TOOLGATE_PYTHON to a Python that has it"
+        ),
     );
     None
+}
+
+/// The Python with `grpcio`, `grpcio-tools`, `rfc8785` and `pytest`
+/// (`clients/python/requirements.txt`), for the Python executor.
+pub fn python() -> Option<String> {
+    python_that_imports(
+        "grpc, grpc_tools, rfc8785, pytest",
+        "grpcio, grpcio-tools, rfc8785 or pytest",
+        "clients/python/requirements.txt",
+    )
+}
+
+/// The Python with the official MCP SDK (`clients/mcp/requirements.txt`),
+/// whose server `toolgate tools import` is tested against.
+pub fn python_with_mcp() -> Option<String> {
+    python_that_imports(
+        "mcp.server.fastmcp",
+        "the MCP Python SDK (`mcp`)",
+        "clients/mcp/requirements.txt",
+    )
+}
+
+/// The Python with the MCP gateway test's packages
+/// (`clients/mcp/requirements.txt`): FastMCP, apparitor's middleware and the
+/// MCP SDK's client.
+pub fn python_with_mcp_gateway() -> Option<String> {
+    python_that_imports(
+        "apparitor.fastmcp, fastmcp, mcp",
+        "apparitor[fastmcp], fastmcp or mcp",
+        "clients/mcp/requirements.txt",
+    )
 }
 
 /// `node` (or `TOOLGATE_NODE`) with `clients/node`'s npm packages installed
