@@ -92,6 +92,7 @@ pub struct Metrics {
     decision_latency: Family<DecisionKindLabels, Histogram, fn() -> Histogram>,
     approvals: Family<StateLabels, Counter>,
     approval_decisions: Family<OutcomeLabels, Counter>,
+    approval_views_refused: Family<OutcomeLabels, Counter>,
     ledger: Family<LedgerLabels, Counter>,
     entity_calls: Family<OutcomeLabels, Counter>,
     policies: Arc<OnceLock<Arc<dyn PolicyGauges>>>,
@@ -133,6 +134,13 @@ impl Default for Metrics {
             "approval_decisions",
             "DecideApproval calls by outcome (approved, rejected, or the refusal code)",
             approval_decisions.clone(),
+        );
+        let approval_views_refused = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "approval_views_refused",
+            "Approvals withheld from a caller by view_approval, by call (get, list, watch) \
+             and refusal code (forbidden, policy_error, internal_error)",
+            approval_views_refused.clone(),
         );
         let ledger = Family::<LedgerLabels, Counter>::default();
         registry.register(
@@ -199,6 +207,7 @@ impl Default for Metrics {
             decision_latency,
             approvals,
             approval_decisions,
+            approval_views_refused,
             ledger,
             entity_calls,
             policies,
@@ -240,6 +249,17 @@ impl Metrics {
             .get_or_create(&OutcomeLabels {
                 operation: "decide",
                 outcome,
+            })
+            .inc();
+    }
+
+    /// Counts one approval withheld from a caller that may not view it:
+    /// `call` is `get`, `list` or `watch`, `code` the refusal's code.
+    pub fn approval_view_refused(&self, call: &'static str, code: &'static str) {
+        self.approval_views_refused
+            .get_or_create(&OutcomeLabels {
+                operation: call,
+                outcome: code,
             })
             .inc();
     }
