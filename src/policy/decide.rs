@@ -347,8 +347,9 @@ impl PolicyEngine {
         entities = entities
             .add_entities([approval_entity], Some(&self.schema))
             .map_err(|e| DecideError::Request(e.to_string()))?;
-        let context = Context::from_json_value(Value::Object(context), Some((&self.schema, &action)))
-            .map_err(|e| DecideError::Request(e.to_string()))?;
+        let context =
+            Context::from_json_value(Value::Object(context), Some((&self.schema, &action)))
+                .map_err(|e| DecideError::Request(e.to_string()))?;
         let request = Request::new(
             principal,
             action.clone(),

@@ -267,8 +267,7 @@ fn validate(
         expect,
     } = raw;
     let approval_case = decide_approval.is_some() || view_approval.is_some();
-    if approval_case && (auth.is_some() || entities.is_some() || request_id.is_some() || approved)
-    {
+    if approval_case && (auth.is_some() || entities.is_some() || request_id.is_some() || approved) {
         return Err(
             "a `decide_approval` or `view_approval` case takes no `auth`, `entities`, `request_id` or `approved`"
                 .into(),
