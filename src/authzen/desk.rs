@@ -203,22 +203,12 @@ fn error_response(refused: &Refused) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    if refused.status == StatusCode::METHOD_NOT_ALLOWED {
-        let allow = if refused.reason == "method_not_allowed_get" {
-            "GET"
-        } else {
-            "POST"
-        };
-        response
-            .headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static(allow));
-    }
     response
 }
 
 impl AuthzenDesk {
-    /// Records a refused request (one event), then answers it.
-    async fn refuse(&self, incoming: &Incoming, refused: &Refused) -> Response {
+    /// Records a refused request (or evaluation): one event.
+    async fn audit_refusal(&self, incoming: &Incoming, refused: &Refused) {
         let request_id = incoming
             .request_id
             .as_ref()
@@ -238,7 +228,23 @@ impl AuthzenDesk {
                 "an AuthZEN refusal could not be audited"
             );
         }
-        error_response(refused)
+    }
+
+    /// Records a refused request, then answers it.
+    async fn refuse(&self, incoming: &Incoming, refused: &Refused) -> Response {
+        self.audit_refusal(incoming, refused).await;
+        let mut response = error_response(refused);
+        if refused.status == StatusCode::METHOD_NOT_ALLOWED {
+            let allow = if incoming.endpoint == METADATA_PATH {
+                "GET, HEAD"
+            } else {
+                "POST"
+            };
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
+        response
     }
 
     /// The transport checks of a POST endpoint and the strict decoding of
@@ -399,8 +405,8 @@ impl AuthzenDesk {
                 Err(refusal) => {
                     // Not evaluable: closed, with the error in its place
                     // (AuthZEN §7.2), and audited as a refusal.
-                    let refused = Refused::bad_request(refusal.clone());
-                    let _ = self.refuse(incoming, &refused).await;
+                    self.audit_refusal(incoming, &Refused::bad_request(refusal.clone()))
+                        .await;
                     json!({
                         "decision": false,
                         "context": {
@@ -474,7 +480,7 @@ impl AuthzenDesk {
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return Err(Refused {
                 status: StatusCode::METHOD_NOT_ALLOWED,
-                reason: "method_not_allowed_get",
+                reason: "method_not_allowed",
                 message: format!("`{METADATA_PATH}` takes GET"),
             });
         }

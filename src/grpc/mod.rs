@@ -14,9 +14,11 @@ mod health;
 mod ledger;
 mod listen;
 mod policy;
+mod tls;
 mod web;
 
 pub use listen::{ListenError, bind_unix};
+pub use tls::TlsSetupError;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -26,8 +28,8 @@ use std::time::Duration;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::service::Routes;
+use tonic::transport::Server;
 use tonic::transport::server::{Connected, TcpIncoming};
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::access::AccessPolicy;
 use crate::approvals::desk::ApprovalDesk;
@@ -63,6 +65,8 @@ pub enum ServeError {
     Origin(String),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] tls::TlsSetupError),
 }
 
 /// The desks the gRPC surface translates for, as [`crate::server`] wired them.
@@ -287,10 +291,15 @@ pub async fn serve(
             Some(path),
         ),
     };
+    let served = Served {
+        routes,
+        options: &options,
+        metrics: &metrics_layer,
+    };
     let server = async {
         match listener {
-            Incoming::Tcp(s) => run(s, routes, &options, &metrics_layer, signal).await,
-            Incoming::Unix(s) => run(s, routes, &options, &metrics_layer, signal).await,
+            Incoming::Tcp(s) => run(s, served, signal).await,
+            Incoming::Unix(s) => run(s, served, signal).await,
         }
     };
     let result = tokio::select! {
@@ -312,29 +321,50 @@ enum Incoming {
     Unix(UnixListenerStream),
 }
 
-/// The server on one incoming stream: CORS, then gRPC-Web (except for the
-/// AuthZEN door's plain HTTP), then the access layer, in front of every
-/// route.
+/// What one server serves, and how.
+struct Served<'a> {
+    routes: Routes,
+    options: &'a ServeOptions,
+    metrics: &'a Arc<Metrics>,
+}
+
+/// The server on one incoming stream, over TLS when configured (see
+/// `tls.rs`): CORS, then gRPC-Web (except for the AuthZEN door's plain
+/// HTTP), then the access layer, in front of every route.
 async fn run<I, IO>(
     incoming: I,
-    routes: Routes,
-    options: &ServeOptions,
-    metrics: &Arc<Metrics>,
+    served: Served<'_>,
+    signal: impl Future<Output = ()>,
+) -> Result<(), ServeError>
+where
+    I: tokio_stream::Stream<Item = std::io::Result<IO>> + Send + Unpin + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Connected + Unpin + Send + 'static,
+{
+    let Some(pem) = &served.options.tls else {
+        return serve_on(incoming, served, signal).await;
+    };
+    let (secured, accepting) = tls::handshakes(incoming, tls::acceptor(pem)?);
+    let result = serve_on(secured, served, signal).await;
+    // The listener stops accepting with the server.
+    accepting.abort();
+    result
+}
+
+async fn serve_on<I, IO>(
+    incoming: I,
+    served: Served<'_>,
     signal: impl Future<Output = ()>,
 ) -> Result<(), ServeError>
 where
     I: tokio_stream::Stream<Item = std::io::Result<IO>>,
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Connected + Unpin + Send + 'static,
 {
-    let mut builder = Server::builder();
-    if let Some(tls) = &options.tls {
-        let mut config = ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert, &tls.key));
-        if let Some(ca) = &tls.client_ca {
-            config = config.client_ca_root(Certificate::from_pem(ca));
-        }
-        builder = builder.tls_config(config)?;
-    }
-    builder
+    let Served {
+        routes,
+        options,
+        metrics,
+    } = served;
+    Server::builder()
         .accept_http1(true)
         .layer(cors(&options.cors_origins)?)
         .layer(web::GrpcWebExceptDoorLayer)

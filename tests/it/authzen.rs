@@ -324,7 +324,7 @@ async fn the_metadata_names_the_endpoints_over_http1_and_h2() {
         // Only GET (and HEAD).
         let posted = post(server.addr, version, METADATA, "{}").await;
         assert_eq!(posted.status, 405);
-        assert_eq!(posted.header("allow"), Some("GET"));
+        assert_eq!(posted.header("allow"), Some("GET, HEAD"));
         assert_eq!(
             posted.text(),
             "`/.well-known/authzen-configuration` takes GET"
@@ -354,6 +354,7 @@ async fn allow_deny_and_approval_required_over_http1_and_h2() {
     let Some(schemas) = schemas() else { return };
     let dir = tempfile::tempdir().unwrap();
     let server = server(&dir, |_| {}).await;
+    let mut opened = Vec::new();
     for version in VERSIONS {
         // Allowed: the scope is there.
         let request = search(&["docs:read"]);
@@ -426,7 +427,13 @@ async fn allow_deny_and_approval_required_over_http1_and_h2() {
 
         // Approval required: the approval is opened, and the profile's
         // requestable denial names it.
-        let required = post(server.addr, version, EVALUATION, &wire(20_000).to_string())
+        // (Each version its own call: the same call again finds its approval.)
+        let amount = if version == Version::Http1 {
+            20_000
+        } else {
+            30_000
+        };
+        let required = post(server.addr, version, EVALUATION, &wire(amount).to_string())
             .await
             .json();
         schemas.decision_ok(&required);
@@ -456,13 +463,29 @@ async fn allow_deny_and_approval_required_over_http1_and_h2() {
             )
         );
         assert!(context["evaluation_id"].is_string());
+        opened.push(approval_id.to_owned());
     }
+    // The same call again while its approval is pending (DESIGN §11.3):
+    // that approval, pending; no second one, no new requestable denial.
+    let pending = post(
+        server.addr,
+        Version::H2,
+        EVALUATION,
+        &wire(20_000).to_string(),
+    )
+    .await
+    .json();
+    schemas.decision_ok(&pending);
+    assert_eq!(pending["decision"], false);
+    assert_eq!(pending["context"]["reason"], "approval_pending");
+    assert_eq!(pending["context"]["approval_id"], opened[0].as_str());
+    assert!(pending["context"].get("access_request").is_none());
 
-    // One decision, one event: four per version, each naming the door
-    // and the action.
+    // One decision, one event: four per version and the repeat, each
+    // naming the door and the action.
     let events = audit_events(&server, &dir).await;
     let decisions = events_of(&events, "decision");
-    assert_eq!(decisions.len(), 8, "{events:?}");
+    assert_eq!(decisions.len(), 9, "{events:?}");
     for d in &decisions {
         assert_eq!(d["door"], "gateway", "{d}");
         assert_eq!(d["action"], "tools/call", "{d}");
@@ -1378,8 +1401,8 @@ async fn action_search_answers_the_tools_a_principal_may_call() {
 }
 
 /// A TLS connection to `addr` as `localhost`, trusting `ca_pem`, with a
-/// client certificate; ALPN offers `h2` for h2 and nothing for HTTP/1.1
-/// (the listener's ALPN names only `h2`).
+/// client certificate; ALPN offers only the one version, as an HTTP/1.1-only
+/// client (Python's httpx, `curl --http1.1`) does.
 async fn tls_connect(
     addr: SocketAddr,
     ca_pem: &str,
@@ -1403,9 +1426,10 @@ async fn tls_connect(
             PrivateKeyDer::from_pem_slice(client.1.as_bytes()).unwrap(),
         )
         .unwrap();
-    if version == Version::H2 {
-        config.alpn_protocols = vec![b"h2".to_vec()];
-    }
+    config.alpn_protocols = match version {
+        Version::H2 => vec![b"h2".to_vec()],
+        Version::Http1 => vec![b"http/1.1".to_vec()],
+    };
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
@@ -1414,7 +1438,7 @@ async fn tls_connect(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn over_mutual_tls_the_gateways_certificate_is_granted_the_door() {
+async fn over_mutual_tls_both_versions_are_negotiated_and_the_gateway_is_granted() {
     let pki = crate::listeners::Pki::new("toolgate test CA");
     let gateway = pki.issue("mcp-gateway", &[], &[], false);
     let executor = pki.issue("executor", &[], &[], false);
