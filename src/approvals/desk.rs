@@ -102,19 +102,36 @@ impl ApprovalDesk {
     /// # Errors
     /// `unauthorized` for any token that does not verify, or when no key set is configured.
     pub fn authenticate(&self, token: &str) -> Result<Caller, DeskError> {
+        self.authenticate_until(token).map(|(caller, _)| caller)
+    }
+
+    /// The verified caller of a token, and how long the token stays valid
+    /// from now (zero once its `exp` has passed, within the verifier's
+    /// leeway): a watch ends then.
+    ///
+    /// # Errors
+    /// `unauthorized`, as [`ApprovalDesk::authenticate`].
+    pub fn authenticate_until(
+        &self,
+        token: &str,
+    ) -> Result<(Caller, std::time::Duration), DeskError> {
         let Some(verifier) = &self.verifier else {
             return Err(unauthorized(
                 "no identity key set is configured (--jwks-file)",
             ));
         };
-        verifier
-            .verify(token, self.clock.now_ms().div_euclid(1000))
+        let now_ms = self.clock.now_ms();
+        let (caller, exp) = verifier
+            .verify_with_expiry(token, now_ms.div_euclid(1000))
             .map_err(|reason| {
                 DeskError(
                     Envelope::new(ErrorCode::Unauthorized, "the identity token is not valid")
                         .with("reason", reason),
                 )
-            })
+            })?;
+        let left_ms = exp.saturating_mul(1000).saturating_sub(now_ms).max(0);
+        let left = std::time::Duration::from_millis(u64::try_from(left_ms).unwrap_or(0));
+        Ok((caller, left))
     }
 
     /// One approval of the caller's tenant, if Cedar lets the caller view it.

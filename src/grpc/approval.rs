@@ -198,9 +198,9 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
         request: Request<pb::WatchApprovalsRequest>,
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
         let pb::WatchApprovalsRequest { identity_token } = request.into_inner();
-        let caller = self
+        let (caller, valid_for) = self
             .desk
-            .authenticate(&identity_token)
+            .authenticate_until(&identity_token)
             .map_err(|e| status(&e))?;
         let mut gaps = self.desk.events().gaps();
         let events = self.desk.events().subscribe();
@@ -210,6 +210,14 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
         tokio::spawn(async move {
             tokio::select! {
                 () = forward(events, &tx, &desk, &caller) => {}
+                // A watch is no longer than its token: the UI watches again
+                // with a fresh one.
+                () = tokio::time::sleep(valid_for) => {
+                    let notice = Status::unauthenticated(
+                        "the identity token expired; watch again with a fresh token",
+                    );
+                    let _ = tokio::time::timeout(SHUTDOWN_NOTICE_WAIT, tx.send(Err(notice))).await;
+                }
                 () = async { let _ = stopping.wait_for(|s| *s).await; } => {
                     let notice = Status::unavailable("the server is shutting down; watch again");
                     let _ = tokio::time::timeout(SHUTDOWN_NOTICE_WAIT, tx.send(Err(notice))).await;

@@ -11,7 +11,7 @@ use toolgate::decision::AuthorizerConfig;
 use toolgate::grpc::pb::approval_service_client::ApprovalServiceClient;
 use toolgate::grpc::pb::{self, Decision};
 
-use crate::support::{TestServer, auth, copy_of_examples, request, series, token};
+use crate::support::{TestServer, auth, copy_of_examples, request, series, token, token_valid_for};
 
 const BIG_REFUND: &str =
     r#"{"order_id":"ord_1001","amount_cents":25000,"currency":"USD","reason":"damaged"}"#;
@@ -309,5 +309,24 @@ async fn without_a_view_policy_nobody_views() {
             )
         );
     }
+    server.stop().await;
+}
+
+/// A watch ends within seconds of its token's expiry (UNAUTHENTICATED),
+/// not at the verifier's leeway (5 s in the tests) or never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_ends_when_its_token_expires() {
+    let server = TestServer::start().await;
+    let mut approvals = ApprovalServiceClient::new(server.channel().await);
+    let short = token_valid_for("dana", "acme", &["support_admin"], 2);
+    let started = std::time::Instant::now();
+    let mut stream = watch(&mut approvals, &short).await;
+    let wait = std::time::Duration::from_secs(10);
+    let end = tokio::time::timeout(wait, stream.message()).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(end.unwrap_err().code(), tonic::Code::Unauthenticated);
+    assert!(took <= std::time::Duration::from_secs(3), "{took:?}");
+    assert!(took >= std::time::Duration::from_millis(900), "{took:?}");
+    drop(stream);
     server.stop().await;
 }
