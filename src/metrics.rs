@@ -100,6 +100,7 @@ pub struct Metrics {
     access_denied: Family<ServiceLabels, Counter>,
     store_errors: Counter,
     shutting_down: Gauge,
+    approval_watches: Gauge,
     audit_events: Counter,
     audit_dropped: Counter,
     audit_write_errors: Counter,
@@ -177,6 +178,12 @@ impl Default for Metrics {
             "Store operations that failed",
             store_errors.clone(),
         );
+        let approval_watches = Gauge::default();
+        registry.register(
+            "approval_watches",
+            "WatchApprovals streams open now (each one's task, until it ends)",
+            approval_watches.clone(),
+        );
         let shutting_down = Gauge::default();
         registry.register(
             "shutting_down",
@@ -215,6 +222,7 @@ impl Default for Metrics {
             access_denied,
             store_errors,
             shutting_down,
+            approval_watches,
             audit_events,
             audit_dropped,
             audit_write_errors,
@@ -316,6 +324,14 @@ impl Metrics {
         self.store_errors.inc();
     }
 
+    /// One more open `WatchApprovals` stream; the guard counts it closed
+    /// when dropped (its task ended).
+    #[must_use]
+    pub fn approval_watch_opened(&self) -> WatchGuard {
+        self.approval_watches.inc();
+        WatchGuard(self.approval_watches.clone())
+    }
+
     /// Marks the start of the shutdown (`toolgate_shutting_down` 1).
     pub fn shutting_down(&self) {
         self.shutting_down.set(1);
@@ -411,6 +427,16 @@ pub async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// Counts one open `WatchApprovals` stream until dropped.
+#[derive(Debug)]
+pub struct WatchGuard(Gauge);
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 #[cfg(test)]

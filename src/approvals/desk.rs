@@ -91,6 +91,12 @@ impl ApprovalDesk {
         }
     }
 
+    /// Counts one open watch until the guard is dropped.
+    #[must_use]
+    pub fn watch_opened(&self) -> crate::metrics::WatchGuard {
+        self.metrics.approval_watch_opened()
+    }
+
     /// The events hub watchers subscribe to.
     #[must_use]
     pub fn events(&self) -> &Arc<ApprovalEvents> {

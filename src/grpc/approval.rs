@@ -207,9 +207,14 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
         let (tx, rx) = mpsc::channel(64);
         let mut stopping = self.stopping.clone();
         let desk = Arc::clone(&self.desk);
+        let open = desk.watch_opened();
         tokio::spawn(async move {
+            let _open = open;
             tokio::select! {
                 () = forward(events, &tx, &desk, &caller) => {}
+                // The client went away: the task never outlives its stream,
+                // even when no event comes to find the stream closed.
+                () = tx.closed() => {}
                 // A watch is no longer than its token: the UI watches again
                 // with a fresh one.
                 () = tokio::time::sleep(valid_for) => {

@@ -330,3 +330,27 @@ async fn a_watch_ends_when_its_token_expires() {
     drop(stream);
     server.stop().await;
 }
+
+/// A watch's task ends when its client goes away, with no event needed to
+/// find the stream closed: the open-watch gauge goes back to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_ends_when_its_client_goes_away() {
+    let server = TestServer::start().await;
+    let metrics = server.metrics_endpoint();
+    let open = |text: &str| series(text, "toolgate_approval_watches");
+    let channel = server.channel().await;
+    let mut approvals = ApprovalServiceClient::new(channel);
+    let stream = watch(&mut approvals, &token("dana", "acme", &["support_admin"])).await;
+    assert_eq!(open(&metrics.scrape().await), 1);
+    drop((stream, approvals));
+    let mut now = 1;
+    for _ in 0..100 {
+        now = open(&metrics.scrape().await);
+        if now == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(now, 0, "the watch's task outlived its stream");
+    server.stop().await;
+}
