@@ -92,6 +92,7 @@ pub struct Metrics {
     decision_latency: Family<DecisionKindLabels, Histogram, fn() -> Histogram>,
     approvals: Family<StateLabels, Counter>,
     approval_decisions: Family<OutcomeLabels, Counter>,
+    approval_views_refused: Family<OutcomeLabels, Counter>,
     ledger: Family<LedgerLabels, Counter>,
     entity_calls: Family<OutcomeLabels, Counter>,
     policies: Arc<OnceLock<Arc<dyn PolicyGauges>>>,
@@ -99,6 +100,7 @@ pub struct Metrics {
     access_denied: Family<ServiceLabels, Counter>,
     store_errors: Counter,
     shutting_down: Gauge,
+    approval_watches: Gauge,
     audit_events: Counter,
     audit_dropped: Counter,
     audit_write_errors: Counter,
@@ -133,6 +135,13 @@ impl Default for Metrics {
             "approval_decisions",
             "DecideApproval calls by outcome (approved, rejected, or the refusal code)",
             approval_decisions.clone(),
+        );
+        let approval_views_refused = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "approval_views_refused",
+            "Approvals withheld from a caller by view_approval, by call (get, list, watch) \
+             and refusal code (forbidden, policy_error, internal_error)",
+            approval_views_refused.clone(),
         );
         let ledger = Family::<LedgerLabels, Counter>::default();
         registry.register(
@@ -169,6 +178,12 @@ impl Default for Metrics {
             "Store operations that failed",
             store_errors.clone(),
         );
+        let approval_watches = Gauge::default();
+        registry.register(
+            "approval_watches",
+            "WatchApprovals streams open now (each one's task, until it ends)",
+            approval_watches.clone(),
+        );
         let shutting_down = Gauge::default();
         registry.register(
             "shutting_down",
@@ -199,6 +214,7 @@ impl Default for Metrics {
             decision_latency,
             approvals,
             approval_decisions,
+            approval_views_refused,
             ledger,
             entity_calls,
             policies,
@@ -206,6 +222,7 @@ impl Default for Metrics {
             access_denied,
             store_errors,
             shutting_down,
+            approval_watches,
             audit_events,
             audit_dropped,
             audit_write_errors,
@@ -240,6 +257,17 @@ impl Metrics {
             .get_or_create(&OutcomeLabels {
                 operation: "decide",
                 outcome,
+            })
+            .inc();
+    }
+
+    /// Counts one approval withheld from a caller that may not view it:
+    /// `call` is `get`, `list` or `watch`, `code` the refusal's code.
+    pub fn approval_view_refused(&self, call: &'static str, code: &'static str) {
+        self.approval_views_refused
+            .get_or_create(&OutcomeLabels {
+                operation: call,
+                outcome: code,
             })
             .inc();
     }
@@ -294,6 +322,14 @@ impl Metrics {
     /// Counts a failed store operation.
     pub fn store_error(&self) {
         self.store_errors.inc();
+    }
+
+    /// One more open `WatchApprovals` stream; the guard counts it closed
+    /// when dropped (its task ended).
+    #[must_use]
+    pub fn approval_watch_opened(&self) -> WatchGuard {
+        self.approval_watches.inc();
+        WatchGuard(self.approval_watches.clone())
     }
 
     /// Marks the start of the shutdown (`toolgate_shutting_down` 1).
@@ -391,6 +427,16 @@ pub async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// Counts one open `WatchApprovals` stream until dropped.
+#[derive(Debug)]
+pub struct WatchGuard(Gauge);
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
 //! The approval desk (DESIGN §4): what an approval UI may read and decide.
 //!
 //! Every call starts from a verified identity token; the tenant comes from
-//! the token, never from a request field. Deciding is authorized by Cedar
-//! (`decide_approval` on the `Approval` entity), bound to the arguments hash
-//! the approver was shown, and atomic: the first decision wins. This module
-//! knows nothing of gRPC.
+//! the token, never from a request field. Reading is authorized by Cedar
+//! per approval (`view_approval`): `get` refuses one the caller may not
+//! view, `list` and the watch (through [`ApprovalDesk::viewable`]) leave it
+//! out. Deciding is authorized by Cedar (`decide_approval` on the `Approval`
+//! entity), bound to the arguments hash the approver was shown, and atomic:
+//! the first decision wins. This module knows nothing of gRPC.
 
 use std::sync::Arc;
 
@@ -89,6 +91,12 @@ impl ApprovalDesk {
         }
     }
 
+    /// Counts one open watch until the guard is dropped.
+    #[must_use]
+    pub fn watch_opened(&self) -> crate::metrics::WatchGuard {
+        self.metrics.approval_watch_opened()
+    }
+
     /// The events hub watchers subscribe to.
     #[must_use]
     pub fn events(&self) -> &Arc<ApprovalEvents> {
@@ -100,35 +108,85 @@ impl ApprovalDesk {
     /// # Errors
     /// `unauthorized` for any token that does not verify, or when no key set is configured.
     pub fn authenticate(&self, token: &str) -> Result<Caller, DeskError> {
+        self.authenticate_until(token).map(|(caller, _)| caller)
+    }
+
+    /// The verified caller of a token, and how long the token stays valid
+    /// from now (zero once its `exp` has passed, within the verifier's
+    /// leeway): a watch ends then.
+    ///
+    /// # Errors
+    /// `unauthorized`, as [`ApprovalDesk::authenticate`].
+    pub fn authenticate_until(
+        &self,
+        token: &str,
+    ) -> Result<(Caller, std::time::Duration), DeskError> {
         let Some(verifier) = &self.verifier else {
             return Err(unauthorized(
                 "no identity key set is configured (--jwks-file)",
             ));
         };
-        verifier
-            .verify(token, self.clock.now_ms().div_euclid(1000))
+        let now_ms = self.clock.now_ms();
+        let (caller, exp) = verifier
+            .verify_with_expiry(token, now_ms.div_euclid(1000))
             .map_err(|reason| {
                 DeskError(
                     Envelope::new(ErrorCode::Unauthorized, "the identity token is not valid")
                         .with("reason", reason),
                 )
-            })
+            })?;
+        let left_ms = exp.saturating_mul(1000).saturating_sub(now_ms).max(0);
+        let left = std::time::Duration::from_millis(u64::try_from(left_ms).unwrap_or(0));
+        Ok((caller, left))
     }
 
-    /// One approval of the caller's tenant.
+    /// One approval of the caller's tenant, if Cedar lets the caller view it.
     ///
     /// # Errors
-    /// `unauthorized`, `approval_not_found`, or `internal_error`.
+    /// `unauthorized`, `approval_not_found`, `forbidden` (Cedar's
+    /// `view_approval` refuses this caller), `policy_error`, or `internal_error`.
     pub async fn get(&self, token: &str, approval_id: &str) -> Result<ApprovalRecord, DeskError> {
         let caller = self.authenticate(token)?;
-        self.store
+        let record = self
+            .store
             .get_approval(&caller.tenant_id, approval_id)
             .await
             .map_err(|e| self.store_failure(&e))?
-            .ok_or_else(not_found)
+            .ok_or_else(not_found)?;
+        match self.view_refusal(&caller, &record, "get") {
+            None => Ok(record),
+            Some(refusal) => Err(DeskError(refusal)),
+        }
     }
 
-    /// A page of the caller's tenant's approvals, optionally of one status.
+    /// Whether `caller` may view `record` (Cedar's `view_approval`, on the
+    /// live policies); a refusal is counted. The watch asks it per event.
+    #[must_use]
+    pub fn viewable(&self, caller: &Caller, record: &ApprovalRecord, call: &'static str) -> bool {
+        self.view_refusal(caller, record, call).is_none()
+    }
+
+    /// Why `caller` may not view `record`, or `None`: one Cedar evaluation,
+    /// no store read. Fails closed (see [`viewer_refusal`]).
+    fn view_refusal(
+        &self,
+        caller: &Caller,
+        record: &ApprovalRecord,
+        call: &'static str,
+    ) -> Option<Envelope> {
+        let decision = self.engine.load().view_approval(caller, record);
+        let refusal = viewer_refusal(&decision)?;
+        self.metrics
+            .approval_view_refused(call, refusal.code.as_str());
+        Some(refusal)
+    }
+
+    /// A page of the caller's tenant's approvals, optionally of one status,
+    /// holding only those the caller may view (`view_approval`, one
+    /// evaluation per record read). The page is cut from the store before
+    /// the filter, so a page may hold fewer than `page_size` approvals, or
+    /// none, and still have a next page: pass `next_page_token` back until
+    /// it is empty.
     ///
     /// # Errors
     /// `unauthorized`, `invalid_arguments` for a bad page token, `internal_error`.
@@ -166,6 +224,7 @@ impl ApprovalDesk {
         } else {
             String::new()
         };
+        approvals.retain(|record| self.viewable(&caller, record, "list"));
         Ok(ApprovalPage {
             approvals,
             next_page_token,
@@ -333,16 +392,40 @@ impl ApprovalDesk {
 /// unevaluable request refuses.
 #[must_use]
 pub fn approver_refusal(decision: &Result<PolicyDecision, DecideError>) -> Option<Envelope> {
+    refusal(
+        decision,
+        "decide_approval",
+        "this approver may not decide this approval",
+    )
+}
+
+/// Why Cedar's answer to `view_approval` refuses the caller, or `None` when
+/// it permits them. Fails closed: no permit (no view policy at all
+/// included), an evaluation error or an unevaluable request refuses.
+#[must_use]
+pub fn viewer_refusal(decision: &Result<PolicyDecision, DecideError>) -> Option<Envelope> {
+    refusal(
+        decision,
+        "view_approval",
+        "this caller may not view this approval",
+    )
+}
+
+/// The one mapping of Cedar's answer on the `Approval` entity to a refusal:
+/// a deny is `forbidden` with the policy's `@reason` (else `default`).
+fn refusal(
+    decision: &Result<PolicyDecision, DecideError>,
+    action: &'static str,
+    default: &'static str,
+) -> Option<Envelope> {
     match decision {
         Ok(PolicyDecision::Allow { .. }) => None,
         Ok(PolicyDecision::Deny { reason, .. }) => {
-            let message = reason
-                .clone()
-                .unwrap_or_else(|| "this approver may not decide this approval".to_owned());
+            let message = reason.clone().unwrap_or_else(|| default.to_owned());
             Some(Envelope::new(ErrorCode::Forbidden, message))
         }
         Ok(PolicyDecision::Errored { policies }) => {
-            tracing::warn!(policies = ?policies, "decide_approval policy error: refused (fail closed)");
+            tracing::warn!(action, policies = ?policies, "approval policy error: refused (fail closed)");
             Some(Envelope::new(
                 ErrorCode::PolicyError,
                 "a policy could not be evaluated",

@@ -14,6 +14,7 @@ use super::{convert, pb};
 use crate::approvals::desk::{ApprovalDesk, DeskError};
 use crate::approvals::{ApprovalEventKind, ApprovalRecord, ApprovalStatus};
 use crate::envelope::ErrorCode;
+use crate::identity::Caller;
 
 /// The approval API for approval UIs.
 #[derive(Debug, Clone)]
@@ -39,6 +40,8 @@ fn status(e: &DeskError) -> Status {
         ErrorCode::Unauthorized => Code::Unauthenticated,
         ErrorCode::ApprovalNotFound => Code::NotFound,
         ErrorCode::InvalidArguments => Code::InvalidArgument,
+        // `view_approval` refuses (a deny, or a policy that fails: fail closed).
+        ErrorCode::Forbidden | ErrorCode::PolicyError => Code::PermissionDenied,
         _ => Code::Unavailable,
     };
     let details = ErrorDetails::with_error_info(
@@ -195,17 +198,31 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
         request: Request<pb::WatchApprovalsRequest>,
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
         let pb::WatchApprovalsRequest { identity_token } = request.into_inner();
-        let caller = self
+        let (caller, valid_for) = self
             .desk
-            .authenticate(&identity_token)
+            .authenticate_until(&identity_token)
             .map_err(|e| status(&e))?;
         let mut gaps = self.desk.events().gaps();
         let events = self.desk.events().subscribe();
         let (tx, rx) = mpsc::channel(64);
         let mut stopping = self.stopping.clone();
+        let desk = Arc::clone(&self.desk);
+        let open = desk.watch_opened();
         tokio::spawn(async move {
+            let _open = open;
             tokio::select! {
-                () = forward(events, &tx, &caller.tenant_id) => {}
+                () = forward(events, &tx, &desk, &caller) => {}
+                // The client went away: the task never outlives its stream,
+                // even when no event comes to find the stream closed.
+                () = tx.closed() => {}
+                // A watch is no longer than its token: the UI watches again
+                // with a fresh one.
+                () = tokio::time::sleep(valid_for) => {
+                    let notice = Status::unauthenticated(
+                        "the identity token expired; watch again with a fresh token",
+                    );
+                    let _ = tokio::time::timeout(SHUTDOWN_NOTICE_WAIT, tx.send(Err(notice))).await;
+                }
                 () = async { let _ = stopping.wait_for(|s| *s).await; } => {
                     let notice = Status::unavailable("the server is shutting down; watch again");
                     let _ = tokio::time::timeout(SHUTDOWN_NOTICE_WAIT, tx.send(Err(notice))).await;
@@ -223,13 +240,16 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
     }
 }
 
-/// Streams one tenant's events to a watcher until the watcher goes away or
-/// falls behind. A slow watcher only fills its own queue: the hub is a
-/// broadcast, so nobody else waits for it.
+/// Streams the events of the caller's tenant that the caller may view
+/// (`view_approval`, one evaluation per event of its tenant, on the live
+/// policies) until the watcher goes away or falls behind. A slow watcher
+/// only fills its own queue: the hub is a broadcast, so nobody else waits
+/// for it.
 async fn forward(
     mut events: broadcast::Receiver<std::sync::Arc<crate::approvals::ApprovalEvent>>,
     tx: &mpsc::Sender<Result<pb::WatchApprovalsResponse, Status>>,
-    tenant_id: &str,
+    desk: &ApprovalDesk,
+    caller: &Caller,
 ) {
     loop {
         let event = match events.recv().await {
@@ -245,7 +265,9 @@ async fn forward(
             }
             Err(RecvError::Closed) => return,
         };
-        if event.approval.tenant_id != tenant_id {
+        if event.approval.tenant_id != caller.tenant_id
+            || !desk.viewable(caller, &event.approval, "watch")
+        {
             continue;
         }
         let kind = match event.kind {

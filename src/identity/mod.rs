@@ -13,6 +13,17 @@ pub trait IdentityVerifier: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// The reason the token is not acceptable.
     fn verify(&self, token: &str, now_unix_seconds: i64) -> Result<Caller, &'static str>;
+
+    /// [`IdentityVerifier::verify`], with the token's `exp` (unix seconds):
+    /// for what outlives one call, such as a watch.
+    ///
+    /// # Errors
+    /// The reason the token is not acceptable.
+    fn verify_with_expiry(
+        &self,
+        token: &str,
+        now_unix_seconds: i64,
+    ) -> Result<(Caller, i64), &'static str>;
 }
 
 /// The authenticated principal of one tool call.
@@ -57,6 +68,19 @@ impl IdentityVerifier for TokenVerifier {
     fn verify(&self, token: &str, now_unix_seconds: i64) -> Result<Caller, &'static str> {
         Self::verify(self, token, now_unix_seconds)
             .map(Caller::from)
+            .map_err(|e| e.reason())
+    }
+
+    fn verify_with_expiry(
+        &self,
+        token: &str,
+        now_unix_seconds: i64,
+    ) -> Result<(Caller, i64), &'static str> {
+        Self::verify(self, token, now_unix_seconds)
+            .map(|identity| {
+                let exp = identity.expires_at;
+                (Caller::from(identity), exp)
+            })
             .map_err(|e| e.reason())
     }
 }

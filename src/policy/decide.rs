@@ -290,9 +290,38 @@ impl PolicyEngine {
         approval: &crate::approvals::ApprovalRecord,
         verdict: &str,
     ) -> Result<PolicyDecision, DecideError> {
-        let tenant = uid("Tenant", &approver.tenant_id)?;
-        let principal = uid("User", &approver.subject_id)?;
-        let action = uid("Action", "decide_approval")?;
+        let mut c = Map::new();
+        c.insert("verdict".into(), verdict.into());
+        self.approval_question(approver, approval, "decide_approval", c)
+    }
+
+    /// May `viewer` read this approval (list, get, watch)? Action
+    /// `view_approval` on the `Approval` entity (DESIGN §4), no context.
+    /// Nothing permits it unless a policy does: no view policy, nobody views.
+    ///
+    /// # Errors
+    /// [`DecideError::Request`] if the request cannot be built (a bug).
+    pub fn view_approval(
+        &self,
+        viewer: &Caller,
+        approval: &crate::approvals::ApprovalRecord,
+    ) -> Result<PolicyDecision, DecideError> {
+        self.approval_question(viewer, approval, "view_approval", Map::new())
+    }
+
+    /// One Cedar question on the `Approval` entity: `caller` as the
+    /// principal, the approval's tenant, tool, risk and requester as its
+    /// attributes.
+    fn approval_question(
+        &self,
+        caller: &Caller,
+        approval: &crate::approvals::ApprovalRecord,
+        action: &str,
+        context: Map<String, Value>,
+    ) -> Result<PolicyDecision, DecideError> {
+        let tenant = uid("Tenant", &caller.tenant_id)?;
+        let principal = uid("User", &caller.subject_id)?;
+        let action = uid("Action", action)?;
         let resource = uid("Approval", &approval.approval_id)?;
         let attrs = HashMap::from([
             (
@@ -314,14 +343,13 @@ impl PolicyEngine {
         ]);
         let approval_entity = Entity::new(resource.clone(), attrs, HashSet::new())
             .map_err(|e| DecideError::Request(e.to_string()))?;
-        let mut entities = self.request_entities(approver, None, &principal, &tenant, &action)?;
+        let mut entities = self.request_entities(caller, None, &principal, &tenant, &action)?;
         entities = entities
             .add_entities([approval_entity], Some(&self.schema))
             .map_err(|e| DecideError::Request(e.to_string()))?;
-        let mut c = Map::new();
-        c.insert("verdict".into(), verdict.into());
-        let context = Context::from_json_value(Value::Object(c), Some((&self.schema, &action)))
-            .map_err(|e| DecideError::Request(e.to_string()))?;
+        let context =
+            Context::from_json_value(Value::Object(context), Some((&self.schema, &action)))
+                .map_err(|e| DecideError::Request(e.to_string()))?;
         let request = Request::new(
             principal,
             action.clone(),

@@ -2,8 +2,9 @@
 //!
 //! The tool contracts determine the core entity types, one action group per
 //! risk level, one action per tool with a typed `context.input`, and
-//! `decide_approval`. The team declares only its domain types in
-//! `schema.cedarschema`; the two fragments are combined at load.
+//! `decide_approval` and `view_approval` on the `Approval` entity. The team
+//! declares only its domain types in `schema.cedarschema`; the two fragments
+//! are combined at load.
 
 use std::fmt::Write as _;
 
@@ -34,7 +35,8 @@ pub fn core_fragment() -> String {
         let _ = writeln!(s, "action {};", quote(&risk_group(risk)));
     }
     s.push_str(
-        "action \"decide_approval\" appliesTo {\n  principal: [User],\n  resource: [Approval],\n  context: { verdict: String }\n};\n",
+        "action \"decide_approval\" appliesTo {\n  principal: [User],\n  resource: [Approval],\n  context: { verdict: String }\n};\n\
+         action \"view_approval\" appliesTo {\n  principal: [User],\n  resource: [Approval],\n  context: {}\n};\n",
     );
     s
 }

@@ -66,7 +66,19 @@ struct RawCase {
     approved: bool,
     #[serde(default)]
     decide_approval: Option<RawDecideApproval>,
+    #[serde(default)]
+    view_approval: Option<RawViewApproval>,
     expect: RawExpect,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawViewApproval {
+    viewer: RawAuth,
+    requester: String,
+    #[serde(default)]
+    tenant: Option<String>,
+    tool: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -124,6 +136,9 @@ pub enum Question {
     /// May `approver` decide an approval of this call (Cedar's
     /// `decide_approval`, the question the approval desk asks)?
     DecideApproval(DecideApprovalCase),
+    /// May `viewer` read an approval of this call (Cedar's `view_approval`,
+    /// the question `ListApprovals`, `GetApproval` and `WatchApprovals` ask)?
+    ViewApproval(ViewApprovalCase),
 }
 
 #[derive(Debug, Clone)]
@@ -147,6 +162,14 @@ pub struct DecideApprovalCase {
     pub tool: String,
     /// `"approve"` or `"reject"`.
     pub verdict: &'static str,
+}
+
+#[derive(Debug, Clone)]
+pub struct ViewApprovalCase {
+    pub viewer: Caller,
+    pub requester: String,
+    pub tenant: String,
+    pub tool: String,
 }
 
 /// The answer a case expects. `code` is always compared (`None`: no
@@ -240,16 +263,27 @@ fn validate(
         request_id,
         approved,
         decide_approval,
+        view_approval,
         expect,
     } = raw;
-    let question = match (decide_approval, tool, arguments) {
-        (Some(d), None, None) => {
-            if auth.is_some() || entities.is_some() || request_id.is_some() || approved {
-                return Err(
-                    "a `decide_approval` case takes no `auth`, `entities`, `request_id` or `approved`"
-                        .into(),
-                );
-            }
+    let approval_case = decide_approval.is_some() || view_approval.is_some();
+    if approval_case && (auth.is_some() || entities.is_some() || request_id.is_some() || approved) {
+        return Err(
+            "a `decide_approval` or `view_approval` case takes no `auth`, `entities`, `request_id` or `approved`"
+                .into(),
+        );
+    }
+    let question = match (decide_approval, view_approval, tool, arguments) {
+        (None, Some(v), None, None) => {
+            let viewer = caller(v.viewer)?;
+            Question::ViewApproval(ViewApprovalCase {
+                tenant: v.tenant.unwrap_or_else(|| viewer.tenant_id.clone()),
+                viewer,
+                requester: v.requester,
+                tool: v.tool,
+            })
+        }
+        (Some(d), None, None, None) => {
             let approver = caller(d.approver)?;
             Question::DecideApproval(DecideApprovalCase {
                 tenant: d.tenant.unwrap_or_else(|| approver.tenant_id.clone()),
@@ -262,7 +296,7 @@ fn validate(
                 },
             })
         }
-        (None, Some(tool), Some(arguments)) => {
+        (None, None, Some(tool), Some(arguments)) => {
             let auth = auth
                 .or_else(|| default_auth.cloned())
                 .ok_or("no `auth`, and the file gives no default")?;
@@ -280,10 +314,12 @@ fn validate(
                 approved,
             })
         }
-        (Some(_), _, _) => {
-            return Err("give either `tool` and `arguments` or `decide_approval`, not both".into());
+        (Some(_), _, _, _) | (_, Some(_), _, _) => {
+            return Err(
+                "give one of `tool` and `arguments`, `decide_approval` or `view_approval`".into(),
+            );
         }
-        (None, _, _) => {
+        (None, None, _, _) => {
             return Err("a call case needs `tool` and `arguments` (the raw argument text)".into());
         }
     };

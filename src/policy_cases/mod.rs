@@ -22,9 +22,11 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use self::format::{CallCase, CaseFile, DecideApprovalCase, Expectation, Question};
+use self::format::{
+    CallCase, CaseFile, DecideApprovalCase, Expectation, Question, ViewApprovalCase,
+};
 use crate::access::TenantScope;
-use crate::approvals::desk::approver_refusal;
+use crate::approvals::desk::{approver_refusal, viewer_refusal};
 use crate::approvals::{self, ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::audit::AuditSink;
 use crate::clock::{Clock, SystemClock};
@@ -187,6 +189,7 @@ pub async fn run(dir: &Path) -> Result<TestReport, LoadErrors> {
             let actual = match &case.question {
                 Question::Call(call) => decide_call(dir, &clock, &policies, call).await,
                 Question::DecideApproval(d) => decide_approval(&live, d),
+                Question::ViewApproval(v) => view_approval(&live, v),
             };
             let result = CaseResult {
                 file: path.clone(),
@@ -385,13 +388,42 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
 /// Cedar's `decide_approval` for an approval of `d.tool` requested by
 /// `d.requester` in `d.tenant`.
 fn decide_approval(engine: &PolicyEngine, d: &DecideApprovalCase) -> Actual {
-    let Some(tool) = engine.tools().get(&d.tool) else {
-        return refused(format!("unknown tool `{}`", d.tool));
+    let record = match case_approval(engine, &d.tenant, &d.requester, &d.tool) {
+        Ok(record) => record,
+        Err(actual) => return actual,
     };
-    let record = ApprovalRecord {
+    let decision = engine.decide_approval(&d.approver, &record, d.verdict);
+    // The desk's own mapping of the answer, so a case sees what an approver would.
+    approval_actual(&decision, approver_refusal(&decision))
+}
+
+/// Cedar's `view_approval` for an approval of `v.tool` requested by
+/// `v.requester` in `v.tenant`.
+fn view_approval(engine: &PolicyEngine, v: &ViewApprovalCase) -> Actual {
+    let record = match case_approval(engine, &v.tenant, &v.requester, &v.tool) {
+        Ok(record) => record,
+        Err(actual) => return actual,
+    };
+    let decision = engine.view_approval(&v.viewer, &record);
+    // The desk's own mapping of the answer, so a case sees what a viewer would.
+    approval_actual(&decision, viewer_refusal(&decision))
+}
+
+/// A pending approval of `tool` requested by `requester` in `tenant`, as
+/// the store would hold it.
+fn case_approval(
+    engine: &PolicyEngine,
+    tenant: &str,
+    requester: &str,
+    tool: &str,
+) -> Result<ApprovalRecord, Actual> {
+    let Some(tool) = engine.tools().get(tool) else {
+        return Err(refused(format!("unknown tool `{tool}`")));
+    };
+    Ok(ApprovalRecord {
         approval_id: "policy-test-approval".into(),
-        tenant_id: d.tenant.clone(),
-        requester_subject_id: d.requester.clone(),
+        tenant_id: tenant.to_owned(),
+        requester_subject_id: requester.to_owned(),
         agent_id: String::new(),
         tool: tool.name.clone(),
         tool_version: tool.version.clone(),
@@ -406,8 +438,14 @@ fn decide_approval(engine: &PolicyEngine, d: &DecideApprovalCase) -> Actual {
         decided_at: None,
         reason: None,
         consumed_by_idempotency_key: None,
-    };
-    let decision = engine.decide_approval(&d.approver, &record, d.verdict);
+    })
+}
+
+/// A case's view of Cedar's answer on an approval and the desk's refusal.
+fn approval_actual(
+    decision: &Result<PolicyDecision, crate::policy::DecideError>,
+    refusal: Option<crate::envelope::Envelope>,
+) -> Actual {
     let policies = match &decision {
         Ok(
             PolicyDecision::Allow { policies }
@@ -417,8 +455,7 @@ fn decide_approval(engine: &PolicyEngine, d: &DecideApprovalCase) -> Actual {
         ) => sorted(policies.clone()),
         Err(_) => Vec::new(),
     };
-    // The desk's own mapping of the answer, so a case sees what an approver would.
-    match approver_refusal(&decision) {
+    match refusal {
         None => Actual {
             decision: Decision::Allow.as_str().into(),
             code: None,

@@ -11,6 +11,7 @@
     clippy::indexing_slicing
 )]
 
+mod approval_views;
 mod approvals;
 mod architecture;
 mod audit;
