@@ -24,5 +24,15 @@ fn main() -> anyhow::Result<()> {
         .build_server(true)
         .emit_rerun_if_changed(false)
         .compile_fds(fds)?;
+    // Envoy's ext_authz service (DESIGN §11.2): its Rust types come from
+    // the `envoy-types` crate; its files (the same protos as that crate's,
+    // vendored under proto/envoy with every import) are compiled here only
+    // for server reflection, which must list the service with every file
+    // it depends on.
+    let envoy = protox::compile(
+        ["envoy/service/auth/v3/external_auth.proto"],
+        ["proto/envoy"],
+    )?;
+    std::fs::write(out.join("envoy_descriptor.bin"), envoy.encode_to_vec())?;
     Ok(())
 }

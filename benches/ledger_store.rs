@@ -27,7 +27,10 @@ use tonic::transport::{Channel, Endpoint};
 
 use toolgate::grpc::pb::ledger_service_client::LedgerServiceClient;
 use toolgate::grpc::pb::{self, BeginOutcome, CompletionStatus, ExecutionState};
-use toolgate::store::scratch::{self, ScratchSchema};
+use toolgate::ledger::{TicketClaims, TicketKey, TicketKeys};
+use toolgate::store::scratch;
+
+use common::{FreshStore, Summary, summarize};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -50,16 +53,39 @@ fn auth() -> pb::AuthContext {
     }
 }
 
-/// One Begin + Complete on a new key; the pair's latency.
-async fn pair(client: &mut LedgerServiceClient<Channel>, key: &str) -> Result<Duration, BoxError> {
+/// The ticket keys of the store at `url`, as the sidecar signs with them.
+async fn ticket_keys(url: &str) -> Result<TicketKeys, BoxError> {
+    let store = toolgate::store::open(url, toolgate::store::StoreSettings::default()).await?;
+    let keys = store.ticket_keys(TicketKey::generate(1)?).await?;
+    TicketKeys::new(keys).ok_or_else(|| "no ticket key".into())
+}
+
+/// One Begin + Complete on a new key, with the ticket an ALLOW would carry
+/// (minted before the clock starts: Authorize's work, not the ledger's);
+/// the pair's latency.
+async fn pair(
+    client: &mut LedgerServiceClient<Channel>,
+    key: &str,
+    keys: &TicketKeys,
+) -> Result<Duration, BoxError> {
+    let (auth, sha) = (auth(), hex(key));
+    let claims = TicketClaims {
+        tenant_id: &auth.tenant_id,
+        subject_id: &auth.subject_id,
+        idempotency_key: key,
+        arguments_sha256: &sha,
+        tool: "refund_order",
+    };
+    let execution_ticket = keys.issue(&claims, i64::MAX);
     let started = Instant::now();
     let begun = client
         .begin_execution(pb::BeginExecutionRequest {
-            auth: Some(auth()),
+            auth: Some(auth.clone()),
             idempotency_key: key.into(),
-            arguments_sha256: hex(key),
+            arguments_sha256: sha.clone(),
             tool: "refund_order".into(),
             lease_ms: 60_000,
+            execution_ticket,
         })
         .await?
         .into_inner();
@@ -68,7 +94,7 @@ async fn pair(client: &mut LedgerServiceClient<Channel>, key: &str) -> Result<Du
     }
     let done = client
         .complete_execution(pb::CompleteExecutionRequest {
-            auth: Some(auth()),
+            auth: Some(auth),
             idempotency_key: key.into(),
             fencing_token: begun.fencing_token,
             status: CompletionStatus::Succeeded.into(),
@@ -83,19 +109,14 @@ async fn pair(client: &mut LedgerServiceClient<Channel>, key: &str) -> Result<Du
     Ok(started.elapsed())
 }
 
-struct Measured {
-    pairs_per_second: f64,
-    p50: Duration,
-    p99: Duration,
-}
-
 /// `clients` concurrent clients, each on its own connection, for `seconds`.
 async fn measure(
     addr: SocketAddr,
     clients: usize,
     seconds: f64,
     label: &str,
-) -> Result<Measured, BoxError> {
+    keys: &Arc<TicketKeys>,
+) -> Result<Summary, BoxError> {
     let mut connections = Vec::with_capacity(clients);
     for _ in 0..clients {
         let channel = Endpoint::from_shared(format!("http://{addr}"))?
@@ -111,13 +132,13 @@ async fn measure(
         .into_iter()
         .enumerate()
         .map(|(c, mut client)| {
-            let (run, label) = (Arc::clone(&run), label.to_owned());
+            let (run, label, keys) = (Arc::clone(&run), label.to_owned(), Arc::clone(keys));
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 let mut n = 0u64;
                 while Instant::now() < until {
                     let key = format!("refund_order:{label}-{run}-{c}-{n}");
-                    latencies.push(pair(&mut client, &key).await?);
+                    latencies.push(pair(&mut client, &key, &keys).await?);
                     n += 1;
                 }
                 Ok::<_, BoxError>(latencies)
@@ -128,17 +149,7 @@ async fn measure(
     for t in tasks {
         all.extend(t.await??);
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    all.sort();
-    let at = |q: f64| {
-        let i = ((all.len() as f64 - 1.0) * q).round() as usize;
-        all.get(i).copied().unwrap_or_default()
-    };
-    Ok(Measured {
-        pairs_per_second: all.len() as f64 / elapsed,
-        p50: at(0.5),
-        p99: at(0.99),
-    })
+    Ok(summarize(all, started.elapsed()))
 }
 
 fn main() -> Result<(), BoxError> {
@@ -165,30 +176,24 @@ fn main() -> Result<(), BoxError> {
         println!();
         println!("| store | clients | pairs/s | p50 | p99 |");
         println!("|---|---:|---:|---:|---:|");
-        let dir = tempfile::tempdir()?;
-        let sqlite = format!("sqlite://{}", dir.path().join("bench.db").display());
-        let schema = match ScratchSchema::create(&postgres).await {
-            Ok(s) => Some(s),
-            Err(e) => {
-                println!("| postgres | - | not measured: {e} | | |");
-                None
-            }
-        };
-        let mut stores = vec![("sqlite", sqlite)];
-        if let Some(s) = &schema {
-            stores.push(("postgres", s.url().to_owned()));
+        let mut stores = vec![FreshStore::sqlite()?];
+        match FreshStore::postgres(&postgres).await {
+            Ok(schema) => stores.push(schema),
+            Err(e) => println!("| postgres | - | not measured: {e} | | |"),
         }
-        for (name, url) in stores {
-            let (_sidecar, addr) = common::start_sidecar(&url)?;
+        for store in &stores {
+            let (name, url) = (store.name(), store.url());
+            let (_sidecar, addr) = common::start_sidecar(url)?;
+            let keys = Arc::new(ticket_keys(url).await?);
             // Warm up: connections, the pool, prepared statements.
-            measure(addr, 4, 1.0, &format!("{name}-warm")).await?;
+            measure(addr, 4, 1.0, &format!("{name}-warm"), &keys).await?;
             for clients in CONCURRENCY {
-                let m = measure(addr, clients, seconds, &format!("{name}-{clients}")).await?;
+                let m = measure(addr, clients, seconds, &format!("{name}-{clients}"), &keys).await?;
                 println!(
                     "| {name} | {clients} | {:.0} | {:.2} ms | {:.2} ms |",
-                    m.pairs_per_second,
-                    m.p50.as_secs_f64() * 1e3,
-                    m.p99.as_secs_f64() * 1e3
+                    m.rps,
+                    m.p50_us / 1e3,
+                    m.p99_us / 1e3
                 );
             }
         }

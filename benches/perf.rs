@@ -1,25 +1,35 @@
-//! The performance suite (`docs/performance.md`): toolgate against the floors
-//! that bound it, measured in one run on one machine.
+//! The performance suite (`docs/performance.md`): toolgate beside the floors
+//! that bound it and the peer it competes with, measured in one run on one
+//! machine.
 //!
 //! 1. In process: raw `cedar_policy::Authorizer::is_authorized` over the
 //!    example policy set with a request and entities built in advance,
 //!    against toolgate's whole decision for the refund example (raw bytes →
 //!    decode → schema → canonical form and hashes → entities → Cedar).
-//! 2. Over gRPC on loopback, with the same client: a plain tonic echo
-//!    service answering a real `Authorize` response of the same size (the
-//!    transport floor) against the real `toolgate serve` binary, at 1, 16 and
-//!    64 concurrent requests.
-//! 3. `Authorize` with `begin_execution` followed by `CompleteExecution`
-//!    on SQLite, at 1 and 16 concurrent operations (pairs/s, p50, p99).
-//! 4. The resident memory of that sidecar under the load.
+//! 2. Served, one client for all three sides (`perf/drive.rs`), at the
+//!    levels `C:K` (C calls over K connections) 1:1, 16:4, 16:16 and 64:4,
+//!    the sides alternating round after round: a plain tonic echo service
+//!    answering toolgate's own `Authorize` response (the transport floor),
+//!    the real `toolgate serve` binary over gRPC, and the peer,
+//!    permitio/cedar-agent over HTTP/1.1 keep-alive (`perf/peer.rs`,
+//!    installed by the suite itself). For each: requests/s, p50, p99, and
+//!    the server's and the client's CPU per request over the window.
+//! 3. `Authorize` with `begin_execution` followed by `CompleteExecution`,
+//!    on SQLite at 1:1 and 16:16, and on PostgreSQL at 32:16 when
+//!    `TOOLGATE_TEST_POSTGRES` names a server.
+//! 4. The sidecar's resident memory after the served load.
+//! 5. Overload: a sidecar with `[limits] max_calls_in_flight` set, at 16:16
+//!    and at 256:16, alternating: the answered calls' p99 and the refusals
+//!    by status.
 //!
-//! Each comparison alternates its two sides over several rounds and reports
-//! medians and the ratio. Results go to one JSON file (default
-//! `target/perf/perf.json`) and a table on stdout.
+//! Results go to one JSON file (`"schema": "toolgate-perf/2"`, default
+//! `target/perf/perf.json`) and a table on stdout, with each of issue 19's
+//! targets met or missed.
 //!
 //! Run: `cargo bench --bench perf` (options after `--`: `--rounds N`,
-//! `--seconds S` per gRPC side and round, `--iterations N` per in-process
-//! side and round, `--out PATH`; `--in-process-only` for profilers).
+//! `--seconds S` per side, level and round, `--iterations N` per
+//! in-process side and round, `--out PATH`, `--overload-limit N`,
+//! `--overload-backoff-ms N`; `--in-process-only` for profilers).
 
 #![allow(
     clippy::indexing_slicing,
@@ -27,16 +37,21 @@
 )]
 
 mod common;
+#[path = "perf/drive.rs"]
+mod drive;
+#[path = "perf/peer.rs"]
+mod peer;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use serde_json::{Value, json};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use toolgate::access::TenantScope;
 use toolgate::decision::{AuthorizeInput, Decision};
@@ -44,7 +59,8 @@ use toolgate::grpc::pb;
 use toolgate::identity::Caller;
 use toolgate::policy::PolicyEngine;
 
-use common::{ChildGuard, Summary, example_policies, medians, summarize};
+use common::{ChildGuard, FreshStore, Summary, example_policies, medians, summarize};
+use drive::{Expect, Level, Sample, Side, Transport};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -55,13 +71,33 @@ const ENTITIES: &str = r#"[{"uid":{"type":"Order","id":"ord_1001"},"parents":[{"
  "status":"delivered","total_cents":50000}}]"#;
 /// The environment variable that turns this binary into the echo server.
 const ECHO_ROLE: &str = "TOOLGATE_PERF_ECHO_RESPONSE";
-const CONCURRENCY: [usize; 3] = [1, 16, 64];
+/// The served levels, every side at each.
+const LEVELS: [Level; 4] = [
+    Level::new(1, 1),
+    Level::new(16, 4),
+    Level::new(16, 16),
+    Level::new(64, 4),
+];
+/// Connections opened to each side (the most any level uses).
+const CONNECTIONS: usize = 16;
+/// `Authorize(begin_execution)` + `CompleteExecution`, per store.
+const LEDGER_SQLITE: [Level; 2] = [Level::new(1, 1), Level::new(16, 16)];
+const LEDGER_POSTGRES: [Level; 1] = [Level::new(32, 16)];
+/// The overload comparison: the reference level and the overload.
+const OVERLOAD_BASE: Level = Level::new(16, 16);
+const OVERLOAD: Level = Level::new(256, 16);
+/// The names of the served sides, in the JSON and the table.
+const SIDES: [&str; 3] = ["echo", "toolgate", "peer"];
 
 struct Options {
     rounds: usize,
     seconds: f64,
     iterations: usize,
     out: PathBuf,
+    /// `[limits] max_calls_in_flight` of the overload sidecar.
+    overload_limit: usize,
+    /// How long a refused worker waits before its next call.
+    overload_backoff: Duration,
     /// Only the in-process comparison (for profilers), no JSON file.
     in_process_only: bool,
 }
@@ -73,6 +109,8 @@ impl Options {
             seconds: 2.0,
             iterations: 4000,
             out: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/perf/perf.json"),
+            overload_limit: 32,
+            overload_backoff: Duration::from_millis(10),
             in_process_only: false,
         };
         let mut args = std::env::args().skip(1);
@@ -83,13 +121,19 @@ impl Options {
                 "--seconds" => o.seconds = value()?.parse()?,
                 "--iterations" => o.iterations = value()?.parse()?,
                 "--out" => o.out = PathBuf::from(value()?),
+                "--overload-limit" => o.overload_limit = value()?.parse()?,
+                "--overload-backoff-ms" => {
+                    o.overload_backoff = Duration::from_millis(value()?.parse()?);
+                }
                 "--in-process-only" => o.in_process_only = true,
                 // `cargo bench` passes `--bench`; filters are not used here.
                 _ => {}
             }
         }
-        if o.rounds == 0 || o.iterations == 0 || o.seconds <= 0.0 {
-            return Err("rounds, iterations and seconds must be positive".into());
+        if o.rounds == 0 || o.iterations == 0 || o.overload_limit == 0 || o.seconds <= 0.0 {
+            return Err(
+                "rounds, iterations, seconds and the overload limit must be positive".into(),
+            );
         }
         Ok(o)
     }
@@ -104,7 +148,9 @@ fn main() -> Result<(), BoxError> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let in_process = runtime.block_on(in_process(&options))?;
+    let reloader = common::load_policies(&example_policies())?;
+    let raw = RawCedar::build(&reloader.live().load_full())?;
+    let in_process = runtime.block_on(in_process(&options, reloader, &raw))?;
     if options.in_process_only {
         println!(
             "raw Cedar p50 {:.1} µs, toolgate decision p50 {:.1} µs ({} policies)",
@@ -112,8 +158,10 @@ fn main() -> Result<(), BoxError> {
         );
         return Ok(());
     }
-    let (grpc, ledger, memory) = runtime.block_on(over_grpc(&options))?;
-    let report = report(&options, in_process, grpc, &ledger, memory);
+    // First, so that a failed install stops the suite before any load.
+    let installed = peer::install()?;
+    let served = runtime.block_on(served(&options, &raw, &installed))?;
+    let report = report(&options, &in_process, &served, &installed)?;
     if let Some(dir) = options.out.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -152,6 +200,34 @@ fn bob() -> Caller {
     }
 }
 
+/// The example deployment's static entities (`policies/entities.json`).
+fn static_entities() -> Result<Vec<Value>, BoxError> {
+    Ok(serde_json::from_str(&std::fs::read_to_string(
+        example_policies().join("entities.json"),
+    )?)?)
+}
+
+/// What the call brings: the executor's order and the caller as the
+/// principal entity toolgate derives from the auth context.
+fn request_entities() -> Result<Vec<Value>, BoxError> {
+    let mut entities: Vec<Value> = serde_json::from_str(ENTITIES)?;
+    entities.push(json!({"uid": {"type": "User", "id": "bob"},
+        "attrs": {"tenant": {"__entity": {"type": "Tenant", "id": "acme"}}, "roles": ["support_agent"]},
+        "parents": [{"type": "Tenant", "id": "acme"}]}));
+    Ok(entities)
+}
+
+/// The Cedar context toolgate builds for the call.
+fn call_context() -> Value {
+    json!({"scopes": ["orders:read", "orders:refund"], "risk": "financial", "approved": false,
+           "agent": "support-bot", "session": "s-42",
+           "input": {"order_id": "ord_1001", "amount_cents": 2500, "currency": "USD", "reason": "late"}})
+}
+
+const PRINCIPAL: &str = r#"User::"bob""#;
+const ACTION: &str = r#"Action::"refund_order""#;
+const RESOURCE: &str = r#"Order::"ord_1001""#;
+
 /// A naive Cedar sidecar's work per request, everything else built in
 /// advance: the example policies, the combined schema, entities and request.
 struct RawCedar {
@@ -177,25 +253,15 @@ impl RawCedar {
             text.push('\n');
         }
         let policies = PolicySet::from_str(&text)?;
-        let mut entities: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(
-            example_policies().join("entities.json"),
-        )?)?;
-        entities.extend(serde_json::from_str::<Vec<Value>>(ENTITIES)?);
-        entities.push(json!({"uid": {"type": "User", "id": "bob"},
-            "attrs": {"tenant": {"__entity": {"type": "Tenant", "id": "acme"}}, "roles": ["support_agent"]},
-            "parents": [{"type": "Tenant", "id": "acme"}]}));
+        let mut entities = static_entities()?;
+        entities.extend(request_entities()?);
         let entities = Entities::from_json_value(Value::Array(entities), Some(&schema))?;
-        let action = EntityUid::from_str(r#"Action::"refund_order""#)?;
-        let context = Context::from_json_value(
-            json!({"scopes": ["orders:read", "orders:refund"], "risk": "financial", "approved": false,
-                   "agent": "support-bot", "session": "s-42",
-                   "input": {"order_id": "ord_1001", "amount_cents": 2500, "currency": "USD", "reason": "late"}}),
-            Some((&schema, &action)),
-        )?;
+        let action = EntityUid::from_str(ACTION)?;
+        let context = Context::from_json_value(call_context(), Some((&schema, &action)))?;
         let request = Request::new(
-            EntityUid::from_str(r#"User::"bob""#)?,
+            EntityUid::from_str(PRINCIPAL)?,
             action,
-            EntityUid::from_str(r#"Order::"ord_1001""#)?,
+            EntityUid::from_str(RESOURCE)?,
             context,
             Some(&schema),
         )?;
@@ -216,13 +282,29 @@ impl RawCedar {
             .is_authorized(&self.request, &self.policies, &self.entities)
             .decision()
     }
+
+    /// The ids of the policies that determine the allow, sorted: what the
+    /// peer must answer too.
+    fn reasons(&self) -> Vec<String> {
+        let response = self
+            .authorizer
+            .is_authorized(&self.request, &self.policies, &self.entities);
+        let mut reasons: Vec<String> = response
+            .diagnostics()
+            .reason()
+            .map(ToString::to_string)
+            .collect();
+        reasons.sort();
+        reasons
+    }
 }
 
-async fn in_process(o: &Options) -> Result<InProcess, BoxError> {
-    let reloader = common::load_policies(&example_policies())?;
-    let engine = reloader.live().load_full();
-    let raw = RawCedar::build(&engine)?;
-    let policies = engine.policy_count();
+async fn in_process(
+    o: &Options,
+    reloader: std::sync::Arc<toolgate::policy::PolicyReloader>,
+    raw: &RawCedar,
+) -> Result<InProcess, BoxError> {
+    let policies = reloader.live().load_full().policy_count();
     let authorizer = common::in_process(reloader).await?.authorizer;
     let input = AuthorizeInput {
         tool: "refund_order".into(),
@@ -270,13 +352,7 @@ async fn in_process(o: &Options) -> Result<InProcess, BoxError> {
     })
 }
 
-// ---------------------------------------------------------------- over gRPC
-
-/// A child process, killed when dropped.
-/// Starts the real sidecar on a fresh SQLite file and returns it with its address.
-fn start_toolgate(dir: &Path) -> Result<(ChildGuard, SocketAddr), BoxError> {
-    common::start_sidecar(&format!("sqlite://{}", dir.join("toolgate.db").display()))
-}
+// ---------------------------------------------------------------- served
 
 /// Starts this binary as the echo server, answering `response` to every
 /// `Authorize`.
@@ -378,20 +454,6 @@ fn authorize_request() -> pb::AuthorizeRequest {
     }
 }
 
-async fn connect(addr: SocketAddr, n: usize) -> Result<Vec<Channel>, BoxError> {
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        out.push(
-            Endpoint::from_shared(format!("http://{addr}"))?
-                .connect_timeout(Duration::from_secs(5))
-                .tcp_nodelay(true)
-                .connect()
-                .await?,
-        );
-    }
-    Ok(out)
-}
-
 /// Runs `concurrency` workers over `channels` (worker `i` on connection
 /// `i mod channels`) until `seconds` pass; each worker returns its samples.
 async fn fan_out<W, F>(
@@ -419,32 +481,6 @@ where
         all.extend(w.await??);
     }
     Ok(summarize(all, start.elapsed()))
-}
-
-/// `concurrency` workers send `Authorize` back to back for `seconds`, over
-/// at most 8 connections; every answer must be ALLOW.
-async fn load(channels: &[Channel], concurrency: usize, seconds: f64) -> Result<Summary, BoxError> {
-    fan_out(
-        channels,
-        concurrency,
-        seconds,
-        |_, channel, until| async move {
-            let mut client =
-                pb::authorization_service_client::AuthorizationServiceClient::new(channel);
-            let request = authorize_request();
-            let mut samples = Vec::with_capacity(16_384);
-            while Instant::now() < until {
-                let t = Instant::now();
-                let r = client.authorize(request.clone()).await?.into_inner();
-                samples.push(t.elapsed());
-                if r.decision != i32::from(pb::Decision::Allow) {
-                    return Err::<_, BoxError>(format!("not allowed: {r:?}").into());
-                }
-            }
-            Ok(samples)
-        },
-    )
-    .await
 }
 
 /// `concurrency` workers each run, back to back for `seconds`, a new
@@ -503,84 +539,258 @@ async fn ledger_load(
     .await
 }
 
-struct GrpcRow {
-    concurrency: usize,
-    echo: Summary,
-    toolgate: Summary,
+/// One level's medians, per side in [`SIDES`] order.
+struct LevelRow {
+    level: Level,
+    sides: Vec<Sample>,
 }
 
-struct Memory {
-    rss_kb: u64,
-    hwm_kb: u64,
+/// One ledger load's medians.
+struct LedgerRow {
+    store: &'static str,
+    level: Level,
+    pairs: Summary,
 }
 
-fn memory_of(pid: u32) -> Result<Memory, BoxError> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> u64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
+/// The overload comparison's figures, over all rounds.
+struct OverloadRow {
+    /// Medians of the reference level (on the same limited sidecar).
+    base: Summary,
+    /// Medians of the answered calls at the overload.
+    over: Summary,
+    answered: usize,
+    /// Refusals at the overload, by status.
+    refusals: std::collections::BTreeMap<String, u64>,
+    /// Refusals at the reference level (none expected), by status.
+    base_refusals: std::collections::BTreeMap<String, u64>,
+    refusal_p99_us: f64,
+    /// Timeouts at either level.
+    timeouts: u64,
+}
+
+struct Served {
+    levels: Vec<LevelRow>,
+    memory: drive::Memory,
+    ledger: Vec<LedgerRow>,
+    /// Why PostgreSQL was not measured, if it was not.
+    postgres_skipped: Option<String>,
+    overload: OverloadRow,
+    peer_policies: usize,
+    peer_entities: usize,
+}
+
+/// Starts the three sides, runs every level, the ledger and the overload,
+/// and stops them.
+async fn served(
+    o: &Options,
+    raw: &RawCedar,
+    installed: &peer::Installed,
+) -> Result<Served, BoxError> {
+    let dir = tempfile::tempdir()?;
+    let request = authorize_request();
+
+    let store = FreshStore::sqlite()?;
+    let (toolgate, toolgate_addr) = common::start_sidecar(store.url())?;
+    let toolgate_channels = drive::grpc_channels(toolgate_addr, CONNECTIONS).await?;
+    // The echo answers exactly what toolgate answers, byte for byte.
+    let real = pb::authorization_service_client::AuthorizationServiceClient::new(
+        toolgate_channels.first().cloned().ok_or("no channel")?,
+    )
+    .authorize(request.clone())
+    .await?
+    .into_inner();
+    if real.decision != i32::from(pb::Decision::Allow) {
+        return Err(format!("toolgate must allow the refund example: {real:?}").into());
+    }
+    let (echo, echo_addr) = start_echo(&real)?;
+    let echo_channels = drive::grpc_channels(echo_addr, CONNECTIONS).await?;
+
+    let running = peer::start(&installed.binary, dir.path()).await?;
+    let policies = peer::policies_for_peer(&raw.policies)?;
+    let entities = Value::Array(static_entities()?);
+    peer::feed(running.addr, &policies, &entities).await?;
+    let additional = request_entities()?;
+    let body = json!({"principal": PRINCIPAL, "action": ACTION, "resource": RESOURCE,
+                      "context": call_context(), "additional_entities": additional});
+    let peer_connections = drive::http_connections(running.addr, CONNECTIONS).await?;
+
+    let sides = [
+        Side {
+            name: "echo",
+            pid: echo.0.id(),
+            transport: Transport::Grpc {
+                channels: echo_channels,
+                request: Box::new(request.clone()),
+                expect: std::sync::Arc::new(Expect::Exactly(Box::new(real))),
+            },
+        },
+        Side {
+            name: "toolgate",
+            pid: toolgate.0.id(),
+            transport: Transport::Grpc {
+                channels: toolgate_channels.clone(),
+                request: Box::new(request.clone()),
+                expect: std::sync::Arc::new(Expect::Allow),
+            },
+        },
+        Side {
+            name: "peer",
+            pid: running.guard.0.id(),
+            transport: Transport::Http {
+                connections: peer_connections,
+                path: "/v1/is_authorized",
+                body: Bytes::from(serde_json::to_vec(&body)?),
+                reasons: std::sync::Arc::new(raw.reasons()),
+            },
+        },
+    ];
+
+    let mut levels = Vec::new();
+    for level in LEVELS {
+        println!("served, {}: warming up", level.name());
+        for side in &sides {
+            drive::measure(side, level, o.seconds / 4.0).await?;
+        }
+        let mut per_side: Vec<Vec<Sample>> = sides.iter().map(|_| Vec::new()).collect();
+        for round in 0..o.rounds {
+            // Each round starts with the next side, so that no side is
+            // always measured right after the same one.
+            for k in 0..sides.len() {
+                let j = (round + k) % sides.len();
+                if let (Some(side), Some(into)) = (sides.get(j), per_side.get_mut(j)) {
+                    into.push(drive::measure(side, level, o.seconds).await?);
+                }
+            }
+        }
+        levels.push(LevelRow {
+            level,
+            sides: per_side.iter().map(|s| drive::medians(s)).collect(),
+        });
+    }
+    let memory = drive::memory_of(toolgate.0.id())?;
+    drop(sides);
+    drop(running);
+    drop(echo);
+
+    let mut ledger = Vec::new();
+    for level in LEDGER_SQLITE {
+        println!("ledger, sqlite, {}", level.name());
+        ledger.push(ledger_rounds(o, &toolgate_channels, "sqlite", level).await?);
+    }
+    drop(toolgate);
+    drop(store);
+    let postgres_skipped = match std::env::var(toolgate::store::scratch::TEST_URL_VAR) {
+        Ok(url) => {
+            let store = FreshStore::postgres(&url).await.map_err(|e| {
+                format!(
+                    "{} is set but its server refuses: {e}",
+                    toolgate::store::scratch::TEST_URL_VAR
+                )
+            })?;
+            let (_sidecar, addr) = common::start_sidecar(store.url())?;
+            let channels = drive::grpc_channels(addr, CONNECTIONS).await?;
+            for level in LEDGER_POSTGRES {
+                println!("ledger, postgres, {}", level.name());
+                ledger.push(ledger_rounds(o, &channels, "postgres", level).await?);
+            }
+            None
+        }
+        Err(_) => Some(format!(
+            "{} is not set",
+            toolgate::store::scratch::TEST_URL_VAR
+        )),
     };
-    Ok(Memory {
-        rss_kb: field("VmRSS:"),
-        hwm_kb: field("VmHWM:"),
+
+    println!(
+        "overload, {} against {}",
+        OVERLOAD.name(),
+        OVERLOAD_BASE.name()
+    );
+    let overload = overload_rounds(o, dir.path(), &request).await?;
+    Ok(Served {
+        levels,
+        memory,
+        ledger,
+        postgres_skipped,
+        overload,
+        peer_policies: policies.as_array().map_or(0, Vec::len),
+        peer_entities: entities.as_array().map_or(0, Vec::len) + additional.len(),
     })
 }
 
-/// `Authorize` + `begin_execution`, then `CompleteExecution`, on SQLite.
-const LEDGER_CONCURRENCY: [usize; 2] = [1, 16];
-
-async fn over_grpc(o: &Options) -> Result<(Vec<GrpcRow>, Vec<(usize, Summary)>, Memory), BoxError> {
-    let dir = tempfile::tempdir()?;
-    let (toolgate, toolgate_addr) = start_toolgate(dir.path())?;
-    let tg_channels = connect(toolgate_addr, 8).await?;
-    // The echo answers exactly what toolgate answers, byte for byte in size.
-    let real = pb::authorization_service_client::AuthorizationServiceClient::new(
-        tg_channels.first().cloned().ok_or("no channel")?,
-    )
-    .authorize(authorize_request())
-    .await?
-    .into_inner();
-    let (_echo, echo_addr) = start_echo(&real)?;
-    let echo_channels = connect(echo_addr, 8).await?;
-
-    let mut rows = Vec::new();
-    for &c in &CONCURRENCY {
-        let n = c.min(8);
-        let (echo_ch, tg_ch) = (
-            echo_channels.get(..n).ok_or("channels")?,
-            tg_channels.get(..n).ok_or("channels")?,
-        );
-        // Warm-up, then alternate the sides round by round.
-        load(echo_ch, c, o.seconds / 4.0).await?;
-        load(tg_ch, c, o.seconds / 4.0).await?;
-        let (mut echo, mut tg) = (Vec::new(), Vec::new());
-        for _ in 0..o.rounds {
-            echo.push(load(echo_ch, c, o.seconds).await?);
-            tg.push(load(tg_ch, c, o.seconds).await?);
-        }
-        rows.push(GrpcRow {
-            concurrency: c,
-            echo: medians(&echo),
-            toolgate: medians(&tg),
-        });
+/// The ledger pairs at `level`, after a warm-up, medians over the rounds.
+async fn ledger_rounds(
+    o: &Options,
+    channels: &[Channel],
+    store: &'static str,
+    level: Level,
+) -> Result<LedgerRow, BoxError> {
+    let ch = channels.get(..level.connections).ok_or("channels")?;
+    ledger_load(ch, level.calls, o.seconds / 4.0, 0).await?;
+    let mut rounds = Vec::new();
+    for round in 1..=o.rounds {
+        rounds.push(ledger_load(ch, level.calls, o.seconds, round).await?);
     }
-    let memory = memory_of(toolgate.0.id())?;
-    let mut ledger = Vec::new();
-    for &c in &LEDGER_CONCURRENCY {
-        let ch = tg_channels.get(..c.min(8)).ok_or("channels")?;
-        ledger_load(ch, c, o.seconds / 4.0, 0).await?;
-        let mut rounds = Vec::new();
-        for round in 1..=o.rounds {
-            rounds.push(ledger_load(ch, c, o.seconds, round).await?);
+    Ok(LedgerRow {
+        store,
+        level,
+        pairs: medians(&rounds),
+    })
+}
+
+/// A sidecar whose `[limits] max_calls_in_flight` is the overload limit
+/// (the documented key, `docs/configuration.md`), at the reference level
+/// and at the overload, alternating.
+async fn overload_rounds(
+    o: &Options,
+    dir: &std::path::Path,
+    request: &pb::AuthorizeRequest,
+) -> Result<OverloadRow, BoxError> {
+    let config = dir.join("overload.toml");
+    std::fs::write(
+        &config,
+        format!("[limits]\nmax_calls_in_flight = {}\n", o.overload_limit),
+    )?;
+    let store = FreshStore::sqlite()?;
+    let config_path = config
+        .to_str()
+        .ok_or("a temporary path that is not UTF-8")?;
+    let (sidecar, addr) = common::start_sidecar_with(store.url(), &["--config", config_path])?;
+    let channels = drive::grpc_channels(addr, CONNECTIONS).await?;
+    let backoff = o.overload_backoff;
+    drive::overload(&channels, request, OVERLOAD_BASE, o.seconds / 4.0, backoff).await?;
+    drive::overload(&channels, request, OVERLOAD, o.seconds / 4.0, backoff).await?;
+    let (mut base, mut over) = (Vec::new(), Vec::new());
+    let mut row = OverloadRow {
+        base: Summary::default(),
+        over: Summary::default(),
+        answered: 0,
+        refusals: std::collections::BTreeMap::new(),
+        base_refusals: std::collections::BTreeMap::new(),
+        refusal_p99_us: 0.0,
+        timeouts: 0,
+    };
+    let mut refusal_p99s = Vec::new();
+    for _ in 0..o.rounds {
+        let b = drive::overload(&channels, request, OVERLOAD_BASE, o.seconds, backoff).await?;
+        let v = drive::overload(&channels, request, OVERLOAD, o.seconds, backoff).await?;
+        row.timeouts += b.timeouts + v.timeouts;
+        for (code, n) in b.refusals {
+            *row.base_refusals.entry(code).or_default() += n;
         }
-        ledger.push((c, medians(&rounds)));
+        for (code, n) in v.refusals {
+            *row.refusals.entry(code).or_default() += n;
+        }
+        row.answered += v.answered_count;
+        refusal_p99s.push(v.refusal_p99_us);
+        base.push(b.answered);
+        over.push(v.answered);
     }
-    drop(toolgate);
-    Ok((rows, ledger, memory))
+    drop(sidecar);
+    row.base = medians(&base);
+    row.over = medians(&over);
+    row.refusal_p99_us = common::median(refusal_p99s);
+    Ok(row)
 }
 
 // ---------------------------------------------------------------- the report
@@ -600,6 +810,7 @@ fn machine() -> Value {
     })
 }
 
+/// A target: `value` against `limit`, `at_most` (≤) or at least (≥).
 fn target(name: &str, value: f64, limit: f64, at_most: bool) -> Value {
     let met = if at_most {
         value <= limit
@@ -610,71 +821,189 @@ fn target(name: &str, value: f64, limit: f64, at_most: bool) -> Value {
            "comparison": if at_most { "<=" } else { ">=" }, "met": met})
 }
 
+/// A target this run could not measure, and why.
+fn unmeasured(name: &str, limit: f64, at_most: bool, why: &str) -> Value {
+    json!({"name": name, "value": null, "limit": limit,
+           "comparison": if at_most { "<=" } else { ">=" }, "met": null,
+           "not_measured": why})
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { f64::INFINITY }
+}
+
+fn sample_json(s: &Sample) -> Value {
+    json!({"rps": round2(s.latency.rps), "p50_us": round2(s.latency.p50_us),
+           "p99_us": round2(s.latency.p99_us), "server_cpu_us": round2(s.server_cpu_us),
+           "client_cpu_us": round2(s.client_cpu_us), "requests": s.requests})
+}
+
+/// The per-level comparisons: toolgate against echo and against the peer.
+fn level_ratios(row: &LevelRow) -> Option<Value> {
+    let [echo, toolgate, peer] = row.sides.as_slice() else {
+        return None;
+    };
+    Some(json!({
+        "toolgate_server_cpu_vs_echo": round2(ratio(toolgate.server_cpu_us, echo.server_cpu_us)),
+        "toolgate_server_cpu_vs_peer": round2(ratio(toolgate.server_cpu_us, peer.server_cpu_us)),
+        "toolgate_rps_vs_peer": round2(ratio(toolgate.latency.rps, peer.latency.rps)),
+        "toolgate_rps_vs_echo": round2(ratio(toolgate.latency.rps, echo.latency.rps)),
+    }))
+}
+
 fn report(
     o: &Options,
-    p: InProcess,
-    grpc: Vec<GrpcRow>,
-    ledger: &[(usize, Summary)],
-    memory: Memory,
-) -> Value {
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::INFINITY };
-    let mut targets = vec![target(
+    p: &InProcess,
+    served: &Served,
+    installed: &peer::Installed,
+) -> Result<Value, BoxError> {
+    let mut ratios = serde_json::Map::new();
+    let mut targets = Vec::new();
+    let in_process_ratio = ratio(p.toolgate.p50_us, p.raw.p50_us);
+    ratios.insert(
+        "in_process_p50_vs_raw_cedar".into(),
+        json!(round2(in_process_ratio)),
+    );
+    targets.push(target(
         "in_process_p50_vs_raw_cedar",
-        ratio(p.toolgate.p50_us, p.raw.p50_us),
-        1.0,
+        in_process_ratio,
+        1.5,
         true,
-    )];
-    let mut rows = Vec::new();
-    for r in &grpc {
-        let rps_ratio = ratio(r.toolgate.rps, r.echo.rps);
-        let p99_ratio = ratio(r.toolgate.p99_us, r.echo.p99_us);
-        let p50_delta = r.toolgate.p50_us - r.echo.p50_us;
-        if r.concurrency == 1 {
-            targets.push(target("grpc_c1_p50_minus_echo_us", p50_delta, 30.0, true));
-        } else {
-            let c = r.concurrency;
-            targets.push(target(
-                &format!("grpc_c{c}_rps_vs_echo"),
-                rps_ratio,
-                0.7,
-                false,
-            ));
-            targets.push(target(
-                &format!("grpc_c{c}_p99_vs_echo"),
-                p99_ratio,
-                2.0,
-                true,
-            ));
+    ));
+
+    let mut levels = Vec::new();
+    for row in &served.levels {
+        let name = row.level.name();
+        let per_level = level_ratios(row).ok_or("a level without its three sides")?;
+        let want: &[(&str, f64, bool)] = match name.as_str() {
+            "16:4" => &[("toolgate_server_cpu_vs_echo", 2.5, true)],
+            "16:16" => &[
+                ("toolgate_rps_vs_peer", 1.5, false),
+                ("toolgate_server_cpu_vs_peer", 0.5, true),
+            ],
+            "64:4" => &[
+                ("toolgate_server_cpu_vs_echo", 2.5, true),
+                ("toolgate_rps_vs_peer", 1.5, false),
+                ("toolgate_server_cpu_vs_peer", 0.5, true),
+            ],
+            _ => &[],
+        };
+        for &(what, limit, at_most) in want {
+            let value = per_level[what].as_f64().unwrap_or(f64::INFINITY);
+            let key = format!("{what}_{name}");
+            ratios.insert(key.clone(), json!(value));
+            targets.push(target(&key, value, limit, at_most));
         }
-        rows.push(json!({
-            "concurrency": r.concurrency,
-            "echo": side_json(r.echo),
-            "toolgate": side_json(r.toolgate),
-            "rps_ratio": round2(rps_ratio),
-            "p99_ratio": round2(p99_ratio),
-            "p50_delta_us": round2(p50_delta),
-        }));
+        let mut entry = serde_json::Map::new();
+        entry.insert("level".into(), json!(name));
+        entry.insert("calls".into(), json!(row.level.calls));
+        entry.insert("connections".into(), json!(row.level.connections));
+        for (side, sample) in SIDES.iter().zip(&row.sides) {
+            entry.insert((*side).into(), sample_json(sample));
+        }
+        entry.insert("ratios".into(), per_level);
+        levels.push(Value::Object(entry));
     }
+
     #[allow(clippy::cast_precision_loss, reason = "kilobytes")]
-    let rss_mb = memory.hwm_kb as f64 / 1024.0;
-    targets.push(target("sidecar_peak_rss_mb", rss_mb, 25.0, true));
-    json!({
-        "schema": "toolgate-perf/1",
+    let peak_mib = served.memory.hwm_kb as f64 / 1024.0;
+    targets.push(target("sidecar_peak_rss_mib", peak_mib, 25.0, true));
+
+    let ledger: Vec<Value> = served
+        .ledger
+        .iter()
+        .map(|r| json!({"store": r.store, "level": r.level.name(), "pairs": side_json(r.pairs)}))
+        .collect();
+    for (store, level) in [("sqlite", "16:16"), ("postgres", "32:16")] {
+        let name = format!("ledger_pairs_per_s_{store}_{level}");
+        let measured = served
+            .ledger
+            .iter()
+            .find(|r| r.store == store && r.level.name() == level);
+        match (measured, &served.postgres_skipped) {
+            (Some(r), _) => targets.push(target(&name, r.pairs.rps, 5000.0, false)),
+            (None, Some(why)) => targets.push(unmeasured(&name, 5000.0, false, why)),
+            (None, None) => return Err(format!("no ledger figure for {store}").into()),
+        }
+    }
+
+    let ov = &served.overload;
+    let retryable = |code: &str| matches!(code, "ResourceExhausted" | "Unavailable");
+    let non_retryable: u64 = ov
+        .refusals
+        .iter()
+        .chain(&ov.base_refusals)
+        .filter(|(code, _)| !retryable(code))
+        .map(|(_, n)| n)
+        .sum();
+    let p99_ratio = ratio(ov.over.p99_us, ov.base.p99_us);
+    ratios.insert("overload_p99_vs_base".into(), json!(round2(p99_ratio)));
+    targets.push(target(
+        &format!(
+            "overload_p99_{}_vs_{}",
+            OVERLOAD.name(),
+            OVERLOAD_BASE.name()
+        ),
+        p99_ratio,
+        3.0,
+        true,
+    ));
+    #[allow(clippy::cast_precision_loss, reason = "a count of calls")]
+    let (timeouts, non_retryable_f) = (ov.timeouts as f64, non_retryable as f64);
+    targets.push(target("overload_timeouts", timeouts, 0.0, true));
+    targets.push(target(
+        "overload_non_retryable_refusals",
+        non_retryable_f,
+        0.0,
+        true,
+    ));
+
+    Ok(json!({
+        "schema": "toolgate-perf/2",
         "machine": machine(),
-        "settings": {"rounds": o.rounds, "seconds_per_side": o.seconds, "iterations_per_side": o.iterations},
+        "settings": {
+            "rounds": o.rounds, "seconds_per_side": o.seconds, "iterations_per_side": o.iterations,
+            "levels": LEVELS.iter().map(|l| l.name()).collect::<Vec<_>>(),
+            "cpu": "utime + stime of the whole process from /proc/<pid>/stat over the measured window, per answered request",
+            "clock_ticks_per_second": drive::clock_ticks_per_second()?,
+            "overload_limit": o.overload_limit,
+            "overload_backoff_ms": u64::try_from(o.overload_backoff.as_millis())?,
+        },
+        "peer": {
+            "name": "permitio/cedar-agent",
+            "crate": peer::CRATE,
+            "version": installed.version,
+            "binary": installed.binary.display().to_string(),
+            "installed_this_run": installed.installed_now,
+            "transport": "HTTP/1.1 keep-alive, JSON",
+            "log_level": "error",
+            "policies": served.peer_policies,
+            "entities": served.peer_entities,
+            "policy_translation": "`is T` scope constraints dropped, annotations removed (Cedar 2.4)",
+        },
         "in_process": {
             "policies": p.policies,
             "raw_cedar": side_json(p.raw),
             "toolgate": side_json(p.toolgate),
-            "p50_ratio": round2(ratio(p.toolgate.p50_us, p.raw.p50_us)),
+            "p50_ratio": round2(in_process_ratio),
         },
-        "grpc": rows,
-        "ledger_sqlite": ledger.iter().map(|(c, s)| json!({
-            "concurrency": c, "pairs": side_json(*s),
-        })).collect::<Vec<_>>(),
-        "memory": {"rss_kb": memory.rss_kb, "peak_rss_kb": memory.hwm_kb},
+        "levels": levels,
+        "ledger": ledger,
+        "ledger_postgres_not_measured": served.postgres_skipped,
+        "overload": {
+            "limit": o.overload_limit,
+            "base": {"level": OVERLOAD_BASE.name(), "answered": side_json(ov.base),
+                     "refusals": ov.base_refusals},
+            "overload": {"level": OVERLOAD.name(), "answered": side_json(ov.over),
+                         "answered_calls": ov.answered, "refusals": ov.refusals,
+                         "refusal_p99_us": round2(ov.refusal_p99_us)},
+            "timeouts": ov.timeouts,
+            "p99_ratio": round2(p99_ratio),
+        },
+        "memory": {"rss_kb": served.memory.rss_kb, "peak_rss_kb": served.memory.hwm_kb},
+        "ratios": ratios,
         "targets": targets,
-    })
+    }))
 }
 
 fn print_table(r: &Value) {
@@ -698,52 +1027,88 @@ fn print_table(r: &Value) {
         );
     }
     println!("  ratio p50: {}", f(&ip["p50_ratio"]));
-    println!("\ngRPC on loopback     side        req/s    p50 µs    p99 µs");
-    for row in r["grpc"].as_array().into_iter().flatten() {
-        for side in ["echo", "toolgate"] {
+    println!(
+        "\nserved on loopback ({} {})",
+        r["peer"]["name"].as_str().unwrap_or_default(),
+        r["peer"]["version"].as_str().unwrap_or_default()
+    );
+    println!(
+        "  {:<6} {:<9} {:>9} {:>9} {:>9} {:>11} {:>11}",
+        "C:K", "side", "req/s", "p50 µs", "p99 µs", "server µs", "client µs"
+    );
+    for row in r["levels"].as_array().into_iter().flatten() {
+        for side in SIDES {
+            let s = &row[side];
             println!(
-                "  concurrency {:<6} {side:<9} {:>9} {:>9} {:>9}",
-                row["concurrency"],
-                f(&row[side]["rps"]),
-                f(&row[side]["p50_us"]),
-                f(&row[side]["p99_us"])
+                "  {:<6} {side:<9} {:>9} {:>9} {:>9} {:>11} {:>11}",
+                row["level"].as_str().unwrap_or_default(),
+                f(&s["rps"]),
+                f(&s["p50_us"]),
+                f(&s["p99_us"]),
+                f(&s["server_cpu_us"]),
+                f(&s["client_cpu_us"])
             );
         }
+        let q = &row["ratios"];
         println!(
-            "  {:<27} rps ratio {}  p99 ratio {}  p50 delta {} µs",
+            "  {:<16} toolgate/echo server CPU {}, toolgate/peer server CPU {}, rps {}",
             "",
-            f(&row["rps_ratio"]),
-            f(&row["p99_ratio"]),
-            f(&row["p50_delta_us"])
+            f(&q["toolgate_server_cpu_vs_echo"]),
+            f(&q["toolgate_server_cpu_vs_peer"]),
+            f(&q["toolgate_rps_vs_peer"])
         );
     }
-    println!("\nAuthorize(begin_execution) + CompleteExecution on SQLite");
-    for row in r["ledger_sqlite"].as_array().into_iter().flatten() {
+    println!("\nAuthorize(begin_execution) + CompleteExecution   pairs/s    p50 µs    p99 µs");
+    for row in r["ledger"].as_array().into_iter().flatten() {
         println!(
-            "  concurrency {:<6} pairs/s {:>9} {:>9} {:>9}",
-            row["concurrency"],
+            "  {:<9} {:<6} {:>35} {:>9} {:>9}",
+            row["store"].as_str().unwrap_or_default(),
+            row["level"].as_str().unwrap_or_default(),
             f(&row["pairs"]["rps"]),
             f(&row["pairs"]["p50_us"]),
             f(&row["pairs"]["p99_us"])
         );
     }
+    if let Some(why) = r["ledger_postgres_not_measured"].as_str() {
+        println!("  postgres not measured: {why}");
+    }
+    let ov = &r["overload"];
+    println!(
+        "\noverload (max_calls_in_flight {}): p99 of answered calls {} µs at {}, {} µs at {}",
+        ov["limit"],
+        f(&ov["base"]["answered"]["p99_us"]),
+        ov["base"]["level"].as_str().unwrap_or_default(),
+        f(&ov["overload"]["answered"]["p99_us"]),
+        ov["overload"]["level"].as_str().unwrap_or_default()
+    );
+    println!(
+        "  answered {} calls ({} req/s); refusals {}; refusal p99 {} µs; timeouts {}",
+        ov["overload"]["answered_calls"],
+        f(&ov["overload"]["answered"]["rps"]),
+        ov["overload"]["refusals"],
+        f(&ov["overload"]["refusal_p99_us"]),
+        ov["timeouts"]
+    );
     println!(
         "\nsidecar memory: rss {} kB, peak {} kB",
         r["memory"]["rss_kb"], r["memory"]["peak_rss_kb"]
     );
     println!("\ntargets:");
     for t in r["targets"].as_array().into_iter().flatten() {
+        let verdict = match t["met"].as_bool() {
+            Some(true) => "met".to_owned(),
+            Some(false) => "MISSED".to_owned(),
+            None => format!(
+                "not measured: {}",
+                t["not_measured"].as_str().unwrap_or_default()
+            ),
+        };
         println!(
-            "  {:<32} {:>8} {} {:<6} {}",
+            "  {:<40} {:>8} {} {:<6} {verdict}",
             t["name"].as_str().unwrap_or_default(),
             f(&t["value"]),
             t["comparison"].as_str().unwrap_or_default(),
             t["limit"],
-            if t["met"].as_bool() == Some(true) {
-                "met"
-            } else {
-                "MISSED"
-            }
         );
     }
 }

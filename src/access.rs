@@ -41,11 +41,23 @@ pub enum ServiceName {
     /// The OpenID AuthZEN door over HTTP (`/.well-known/authzen-configuration`,
     /// `/access/v1/*`): decisions for MCP gateways and other AuthZEN PEPs.
     Authzen,
+    /// Not a service of its own but a right on `LedgerService`:
+    /// `ReconcileExecution` without the attempt's fencing token, for the
+    /// tenants of the grant (an operator's reconciler). Executors reconcile
+    /// their own attempts with their token and need no such grant.
+    Reconcile,
+    /// Envoy's `envoy.service.auth.v3.Authorization` (ext_authz): decisions
+    /// on MCP traffic for Envoy, Istio and agentgateway.
+    ExtAuthz,
+    /// The approval console (`/console/`, DESIGN §12): a web page and its
+    /// JSON API for approvers, in front of the same approval desk. Like
+    /// `approvals`, it acts for the tenant of the approver's verified token.
+    Console,
 }
 
 impl ServiceName {
     /// Every grantable service, in config-name order.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 10] = [
         Self::Authorization,
         Self::Approvals,
         Self::Ledger,
@@ -53,6 +65,9 @@ impl ServiceName {
         Self::Reflection,
         Self::Entities,
         Self::Authzen,
+        Self::Reconcile,
+        Self::ExtAuthz,
+        Self::Console,
     ];
 
     /// The name used in `[[access]] services`.
@@ -66,7 +81,18 @@ impl ServiceName {
             Self::Reflection => "reflection",
             Self::Entities => "entities",
             Self::Authzen => "authzen",
+            Self::Reconcile => "reconcile",
+            Self::ExtAuthz => "ext_authz",
+            Self::Console => "console",
         }
+    }
+
+    /// Whether the service is plain HTTP (a door of its own, not gRPC):
+    /// gRPC-Web leaves it alone, and a refusal is an HTTP `403`, not a
+    /// gRPC status.
+    #[must_use]
+    pub const fn is_plain_http(self) -> bool {
+        matches!(self, Self::Authzen | Self::Console)
     }
 
     /// The service a config name stands for.
@@ -95,6 +121,9 @@ pub fn target_of_path(path: &str) -> Target {
     if path == "/.well-known/authzen-configuration" || path.starts_with("/access/v1/") {
         return Target::Service(ServiceName::Authzen);
     }
+    if path == "/console" || path.starts_with("/console/") {
+        return Target::Service(ServiceName::Console);
+    }
     let service = path
         .strip_prefix('/')
         .and_then(|p| p.split('/').next())
@@ -106,6 +135,7 @@ pub fn target_of_path(path: &str) -> Target {
         "toolgate.v1.LedgerService" => Target::Service(ServiceName::Ledger),
         "toolgate.v1.PolicyService" => Target::Service(ServiceName::Policy),
         "toolgate.v1.EntityService" => Target::Service(ServiceName::Entities),
+        "envoy.service.auth.v3.Authorization" => Target::Service(ServiceName::ExtAuthz),
         "grpc.reflection.v1.ServerReflection" | "grpc.reflection.v1alpha.ServerReflection" => {
             Target::Service(ServiceName::Reflection)
         }
@@ -398,6 +428,12 @@ impl AccessPolicy {
     }
 }
 
+/// The tenants whose ledger records a caller may reconcile without the
+/// attempt's fencing token: its `reconcile` grants' tenants (every tenant
+/// under open access). Set by the access layer on every ledger request.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReconcileScope(pub TenantScope);
+
 /// Which header of an HTTP/1.x request an open listener refused
 /// ([`AccessPolicy::admits_http1`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -565,6 +601,10 @@ mod tests {
             Target::Health
         );
         assert_eq!(
+            target_of_path("/envoy.service.auth.v3.Authorization/Check"),
+            Target::Service(ServiceName::ExtAuthz)
+        );
+        assert_eq!(
             target_of_path("/.well-known/authzen-configuration"),
             Target::Service(ServiceName::Authzen)
         );
@@ -573,6 +613,13 @@ mod tests {
             Target::Service(ServiceName::Authzen)
         );
         assert_eq!(target_of_path("/access/v2/evaluation"), Target::Unknown);
+        for console in ["/console", "/console/", "/console/api/events"] {
+            assert_eq!(
+                target_of_path(console),
+                Target::Service(ServiceName::Console)
+            );
+        }
+        assert_eq!(target_of_path("/consoles"), Target::Unknown);
         assert_eq!(target_of_path("/evil.Service/X"), Target::Unknown);
         assert_eq!(target_of_path(""), Target::Unknown);
     }
@@ -729,5 +776,38 @@ mod tests {
             grants.admits_http1(Some("evil.example"), Some("null"), &[]),
             Ok(())
         );
+    }
+}
+
+/// What one listener lets all its callers together hold at once
+/// (`[limits]`, DESIGN §9): past each limit the next one is refused at once,
+/// never queued, so an overloaded or attacked sidecar answers quickly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenerLimits {
+    /// Open connections (TLS handshakes included); one more is closed as
+    /// soon as it is accepted.
+    pub max_connections: usize,
+    /// HTTP/2 streams open at once on one connection (the server's
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub max_concurrent_streams: u32,
+    /// Calls in progress at once, watches excepted; one more is answered
+    /// `RESOURCE_EXHAUSTED` (retryable) at once.
+    pub max_calls_in_flight: usize,
+    /// The longest one call may take, request body included; then it is
+    /// answered `CANCELLED` and its work dropped. Watches are not bounded by it.
+    pub request_timeout: std::time::Duration,
+    /// `grpc.health.v1.Health/Watch` streams open at once.
+    pub max_health_watches: usize,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            max_concurrent_streams: 256,
+            max_calls_in_flight: 1024,
+            request_timeout: std::time::Duration::from_secs(15),
+            max_health_watches: 64,
+        }
     }
 }

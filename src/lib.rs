@@ -30,6 +30,9 @@
 //! - [`grpc`]: the wire surface (the only importer of tonic and prost).
 //! - [`authzen`]: the OpenID AuthZEN door for MCP gateways (DESIGN §11.1),
 //!   served over HTTP on the same listener.
+//! - [`console`]: the approval console (DESIGN §12), a web page for
+//!   approvers and its JSON API, served on the same listener in front of
+//!   [`approvals::desk`].
 //! - [`policy_cases`]: `toolgate test`, policy test cases run through the
 //!   pipeline.
 //! - [`mcp`]: `toolgate tools import`, contract skeletons from an MCP
@@ -44,10 +47,12 @@ pub mod audit;
 pub mod authzen;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod decision;
 pub mod decode;
 pub mod entities;
 pub mod envelope;
+pub mod ext_authz;
 pub mod grpc;
 pub mod identity;
 pub mod ledger;

@@ -69,6 +69,11 @@ struct LedgerLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    limit: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ScopeLabels {
     scope: &'static str,
 }
@@ -97,6 +102,7 @@ pub struct Metrics {
     entity_calls: Family<OutcomeLabels, Counter>,
     policies: Arc<OnceLock<Arc<dyn PolicyGauges>>>,
     rate_limited: Family<ScopeLabels, Counter>,
+    overloaded: Family<LimitLabels, Counter>,
     access_denied: Family<ServiceLabels, Counter>,
     store_errors: Counter,
     shutting_down: Gauge,
@@ -166,6 +172,12 @@ impl Default for Metrics {
             "Calls refused by a rate limit, by scope (tenant, tool)",
             rate_limited.clone(),
         );
+        let overloaded = Family::<LimitLabels, Counter>::default();
+        registry.register(
+            "overload_refusals",
+            "Connections closed and calls refused at once past a listener limit, and calls cut off at the request timeout, by limit",
+            overloaded.clone(),
+        );
         let access_denied = Family::<ServiceLabels, Counter>::default();
         registry.register(
             "access_denied",
@@ -219,6 +231,7 @@ impl Default for Metrics {
             entity_calls,
             policies,
             rate_limited,
+            overloaded,
             access_denied,
             store_errors,
             shutting_down,
@@ -310,6 +323,13 @@ impl Metrics {
         self.rate_limited
             .get_or_create(&ScopeLabels { scope })
             .inc();
+    }
+
+    /// Counts a connection or call refused past the listener's `limit`
+    /// (`connections`, `calls`, `health_watches`), or cut off
+    /// (`request_timeout`).
+    pub fn overloaded(&self, limit: &'static str) {
+        self.overloaded.get_or_create(&LimitLabels { limit }).inc();
     }
 
     /// Counts a call refused for want of a grant.

@@ -1,5 +1,6 @@
 //! What the benchmarks share: the real `toolgate serve` binary as a child
-//! process, killed when its guard is dropped.
+//! process, killed when its guard is dropped; a fresh store for it; the
+//! latency statistics.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -28,13 +29,26 @@ pub fn example_policies() -> PathBuf {
 
 /// Starts the real sidecar with the example policies on `store` (a store
 /// URL) and returns it with the address it logged.
+#[allow(dead_code, reason = "the gateway bench passes arguments of its own")]
 pub fn start_sidecar(store: &str) -> Result<(ChildGuard, SocketAddr), BoxError> {
+    start_sidecar_with(store, &[])
+}
+
+/// [`start_sidecar`] with `extra` arguments to `toolgate serve`.
+pub fn start_sidecar_with(
+    store: &str,
+    extra: &[&str],
+) -> Result<(ChildGuard, SocketAddr), BoxError> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_toolgate"))
         .arg("serve")
         .arg("--policies")
         .arg(example_policies())
         .args(["--listen", "127.0.0.1:0", "--store", store])
+        .args(extra)
         .env("RUST_LOG", "info")
+        // The perf suite's own variable, which the sidecar would refuse as
+        // an unknown `TOOLGATE_*` key.
+        .env_remove("TOOLGATE_PERF_PEER_ROOT")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()?;
@@ -57,6 +71,50 @@ pub fn start_sidecar(store: &str) -> Result<(ChildGuard, SocketAddr), BoxError> 
     });
     let listen = rx.recv_timeout(Duration::from_secs(60))?;
     Ok((guard, listen.parse()?))
+}
+
+/// A fresh store for one sidecar, removed when dropped: a SQLite file in a
+/// temporary directory, or a throwaway schema on a PostgreSQL server.
+#[allow(dead_code, reason = "not every bench runs the ledger")]
+pub enum FreshStore {
+    Sqlite {
+        url: String,
+        _dir: tempfile::TempDir,
+    },
+    Postgres(toolgate::store::scratch::ScratchSchema),
+}
+
+#[allow(dead_code, reason = "not every bench runs the ledger")]
+impl FreshStore {
+    /// A new SQLite file.
+    pub fn sqlite() -> Result<Self, BoxError> {
+        let dir = tempfile::tempdir()?;
+        let url = format!("sqlite://{}", dir.path().join("bench.db").display());
+        Ok(Self::Sqlite { url, _dir: dir })
+    }
+
+    /// A new schema on the PostgreSQL server `admin_url` names.
+    pub async fn postgres(admin_url: &str) -> Result<Self, BoxError> {
+        Ok(Self::Postgres(
+            toolgate::store::scratch::ScratchSchema::create(admin_url).await?,
+        ))
+    }
+
+    /// The store URL for `toolgate serve --store`.
+    pub fn url(&self) -> &str {
+        match self {
+            Self::Sqlite { url, .. } => url,
+            Self::Postgres(schema) => schema.url(),
+        }
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Sqlite { .. } => "sqlite",
+            Self::Postgres(_) => "postgres",
+        }
+    }
 }
 
 /// The sidecar's own wiring (`toolgate::server`), in process: the policy

@@ -14,14 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from datetime import timedelta
 from pathlib import Path
 
 from fastmcp.server.auth.providers.jwt import RSAKeyPair
-from mcp import ClientSession
-from mcp.client.streamable_http import streamablehttp_client
 from pydantic import SecretStr
 
+from orders import session_step
 from server import AUDIENCE, ISSUER
 
 
@@ -38,23 +36,9 @@ async def step(args: argparse.Namespace) -> dict:
         expires_in_seconds=300,
     )
     headers = {"Authorization": f"Bearer {token}"}
-    async with streamablehttp_client(
-        args.url, headers=headers, timeout=timedelta(seconds=10)
-    ) as (read, write, _):
-        async with ClientSession(
-            read, write, read_timeout_seconds=timedelta(seconds=10)
-        ) as session:
-            await session.initialize()
-            if args.command == "list":
-                listed = await session.list_tools()
-                return {"tools": sorted(tool.name for tool in listed.tools)}
-            result = await session.call_tool(args.tool, json.loads(args.arguments))
-            return {
-                "isError": result.isError,
-                "text": [c.text for c in result.content if c.type == "text"],
-                "structured": result.structuredContent,
-            }
-
+    return await session_step(
+        args.url, headers, args.command, getattr(args, "tool", ""), getattr(args, "arguments", "{}")
+    )
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -30,9 +30,7 @@ arguments), so a test can count what really ran.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +42,8 @@ from fastmcp import FastMCP
 from fastmcp.server.auth.providers.jwt import JWTVerifier
 from fastmcp.server.dependencies import get_access_token
 from fastmcp.server.middleware import Middleware
+
+from orders import add_tools, append_line
 
 ISSUER = "https://id.example.test"
 AUDIENCE = "orders-mcp"
@@ -117,43 +117,7 @@ def build(pdp: str, public_key: str, runs: Path) -> FastMCP:
     )
     server.add_middleware(ListedByToolgate(pdp, "orders"))
 
-    def ran(tool: str, arguments: dict[str, Any]) -> None:
-        with runs.open("a", encoding="utf-8") as out:
-            out.write(json.dumps({"tool": tool, "arguments": arguments}, sort_keys=True) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-
-    @server.tool
-    def get_order(order_id: str) -> dict[str, Any]:
-        """Look up one order by id: status, items and totals."""
-        ran("get_order", {"order_id": order_id})
-        return {"order_id": order_id, "status": "delivered", "total_cents": 50000}
-
-    @server.tool
-    def refund_order(
-        order_id: str, amount_cents: int, currency: str, reason: str
-    ) -> dict[str, Any]:
-        """Refund part or all of an order to the original payment method."""
-        ran(
-            "refund_order",
-            {
-                "order_id": order_id,
-                "amount_cents": amount_cents,
-                "currency": currency,
-                "reason": reason,
-            },
-        )
-        return {"refund_id": f"re_{order_id}", "status": "succeeded"}
-
-    @server.tool
-    def delete_account(customer_id: str, confirm: bool, reason: str) -> dict[str, Any]:
-        """Permanently delete a customer account."""
-        ran(
-            "delete_account",
-            {"customer_id": customer_id, "confirm": confirm, "reason": reason},
-        )
-        return {"deleted": customer_id}
-
+    add_tools(server, lambda tool, arguments: append_line(runs, {"tool": tool, "arguments": arguments}))
     return server
 
 

@@ -15,8 +15,6 @@ Run against a sidecar started with `cargo run --release -- serve` and a key set:
 
 import os
 import sys
-import tempfile
-from pathlib import Path
 
 import grpc
 
@@ -61,13 +59,12 @@ def main(argv) -> int:
         return 2
     approval_id, verdict, reason = argv
     token = os.environ["TOOLGATE_IDENTITY_TOKEN"]
-    with tempfile.TemporaryDirectory() as out:
-        _, _, common, apb, apb_grpc, _, _ = load_stubs(str(Path(__file__).resolve().parents[2] / "proto"), out)
-        with grpc.insecure_channel(default_addr()) as channel:
-            stub = apb_grpc.ApprovalServiceStub(channel)
-            approval = review(stub, apb, token, approval_id)
-            print(show(approval, apb, common))
-            r = decide(stub, apb, token, approval, verdict == "approve", reason)
+    _, _, common, apb, apb_grpc, _, _ = load_stubs()
+    with grpc.insecure_channel(default_addr()) as channel:
+        stub = apb_grpc.ApprovalServiceStub(channel)
+        approval = review(stub, apb, token, approval_id)
+        print(show(approval, apb, common))
+        r = decide(stub, apb, token, approval, verdict == "approve", reason)
     if r.HasField("error"):
         print("refused:", r.error.code, "-", r.error.message)
         return 1

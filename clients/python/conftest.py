@@ -1,10 +1,11 @@
-"""Fixtures of the Python client tests: stubs generated from proto/ and
-connections to a real toolgate server.
+"""Fixtures of the Python client tests: the `toolgate` package (its stubs
+built from proto/) and connections to a real toolgate server.
 
 pytest runs these tests from the Rust integration test
-`python::the_python_executor_runs_the_refund_example`, which starts the
-server and sets TOOLGATE_ADDR, TOOLGATE_PROTO_DIR and TOOLGATE_STUB_DIR, and
-three real identity tokens of tenant acme minted by it (Python holds no
+`python::the_python_executor_runs_the_refund_example`, which installs the
+package from a clean copy of the tree, starts `toolgate serve` and sets
+TOOLGATE_ADDR, TOOLGATE_REPO (the repository, for the conformance cases, the
+protos and the packaging test) and three real identity tokens of tenant acme minted by it (Python holds no
 signing key): TOOLGATE_APPROVER_TOKEN (dana, support_admin: may decide),
 TOOLGATE_NON_APPROVER_TOKEN (erin, support_agent: may not) and
 TOOLGATE_REQUESTER_TOKEN (bob, support_admin: the requester, so may not).
@@ -29,7 +30,7 @@ def required(name: str) -> str:
 
 @pytest.fixture(scope="session")
 def stubs():
-    return load_stubs(required("TOOLGATE_PROTO_DIR"), required("TOOLGATE_STUB_DIR"))
+    return load_stubs()
 
 
 @pytest.fixture(scope="session")
@@ -93,3 +94,25 @@ def non_approver_token():
 @pytest.fixture(scope="session")
 def requester_token():
     return required("TOOLGATE_REQUESTER_TOKEN")
+
+
+@pytest.fixture(scope="session")
+def repo():
+    from pathlib import Path
+    return Path(required("TOOLGATE_REPO"))
+
+
+@pytest.fixture
+def gate(addr):
+    """The executor's SDK connection."""
+    from toolgate import Gate
+    with Gate(addr) as g:
+        yield g
+
+
+@pytest.fixture
+def approver_gate(addr, approver_token):
+    """A second client, the approver, on its own connection with its own identity."""
+    from toolgate import Gate
+    with Gate(addr, identity_token=approver_token) as g:
+        yield g

@@ -4,28 +4,19 @@ refund, never a second one.
 
 Run against a sidecar started with `cargo run --release -- serve`:
 
-    pip install -r clients/python/requirements.txt
+    pip install ./clients/python
     python clients/python/refund_example.py                      # 25.00: allowed
     python clients/python/refund_example.py 25000                # 250.00: approval required
     python clients/python/refund_example.py 25000 APPROVAL_ID    # after a human approved it
 """
 
 import json
-import tempfile
 from typing import NamedTuple, Optional
 
 import grpc
 
+from sdk_example import ENTITIES  # trusted data the executor loaded (never from the model)
 from toolgate_client import default_addr, load_stubs
-
-# Trusted data the executor loaded from its own database (never from the model).
-ENTITIES = json.dumps([
-    {"uid": {"type": "Order", "id": "ord_1001"},
-     "parents": [{"type": "Tenant", "id": "acme"}],
-     "attrs": {"tenant": {"__entity": {"type": "Tenant", "id": "acme"}},
-               "owner": {"__entity": {"type": "User", "id": "alice"}},
-               "status": "delivered", "total_cents": 50000}},
-])
 
 
 def auth_context(common, tenant: str = "acme"):
@@ -186,16 +177,14 @@ if __name__ == "__main__":
     import sys
     amount = int(sys.argv[1]) if len(sys.argv) > 1 else 2500
     approval = sys.argv[2] if len(sys.argv) > 2 else ""
-    with tempfile.TemporaryDirectory() as stubs:
-        from pathlib import Path
-        pb, pb_grpc, common, _, _, lpb, lpb_grpc = load_stubs(str(Path(__file__).resolve().parents[2] / "proto"), stubs)
-        with grpc.insecure_channel(default_addr()) as channel:
-            stub = pb_grpc.AuthorizationServiceStub(channel)
-            r = run(stub, pb, common, amount, approval)
-            if r.decision == pb.DECISION_ALLOW:
-                # The same call through the execution ledger: the refund runs
-                # once; run this script again and the stored result comes back.
-                args = json.dumps({"order_id": "ord_1001", "amount_cents": amount, "currency": "USD",
-                                   "reason": "late"}).encode()
-                print(execute_refund(stub, lpb_grpc.LedgerServiceStub(channel), pb, lpb, common, args,
-                                     "refund-ord_1001-1", DemoProvider(), approval_id=approval))
+    pb, pb_grpc, common, _, _, lpb, lpb_grpc = load_stubs()
+    with grpc.insecure_channel(default_addr()) as channel:
+        stub = pb_grpc.AuthorizationServiceStub(channel)
+        r = run(stub, pb, common, amount, approval)
+        if r.decision == pb.DECISION_ALLOW:
+            # The same call through the execution ledger: the refund runs
+            # once; run this script again and the stored result comes back.
+            args = json.dumps({"order_id": "ord_1001", "amount_cents": amount, "currency": "USD",
+                               "reason": "late"}).encode()
+            print(execute_refund(stub, lpb_grpc.LedgerServiceStub(channel), pb, lpb, common, args,
+                                 "refund-ord_1001-1", DemoProvider(), approval_id=approval))

@@ -12,7 +12,12 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::approvals::{ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus};
+use tokio::sync::{broadcast, watch};
+
+use crate::approvals::WatchEnd;
+use crate::approvals::{
+    ApprovalEvent, ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus,
+};
 use crate::audit::{ApprovalAudit, Audit, AuditEvent};
 use crate::clock::{Clock, UnixMillis};
 use crate::envelope::{Envelope, ErrorCode};
@@ -43,6 +48,9 @@ pub(crate) struct ApprovalDeskParts {
     pub audit: Arc<Audit>,
     /// Counts approval decisions and store errors.
     pub metrics: Arc<Metrics>,
+    /// Open watches per verified subject and tenant (`[limits]
+    /// max_watches_per_caller`).
+    pub max_watches_per_caller: usize,
 }
 
 /// The approval desk.
@@ -55,6 +63,37 @@ pub struct ApprovalDesk {
     events: Arc<ApprovalEvents>,
     audit: Arc<Audit>,
     metrics: Arc<Metrics>,
+    watches: Arc<WatchCounts>,
+}
+
+/// The open watches of each caller (tenant, subject), and the cap.
+#[derive(Debug)]
+struct WatchCounts {
+    cap: usize,
+    open: std::sync::Mutex<std::collections::HashMap<(String, String), usize>>,
+}
+
+/// One open watch of a caller, counted until it is dropped (when the
+/// watch's task ends, whatever ended it).
+#[derive(Debug)]
+pub struct WatchSlot {
+    counts: Arc<WatchCounts>,
+    key: (String, String),
+    _gauge: crate::metrics::WatchGuard,
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        let Ok(mut open) = self.counts.open.lock() else {
+            return;
+        };
+        if let Some(n) = open.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// One page of approvals.
@@ -79,6 +118,7 @@ impl ApprovalDesk {
             events,
             audit,
             metrics,
+            max_watches_per_caller,
         } = parts;
         Self {
             engine,
@@ -88,19 +128,79 @@ impl ApprovalDesk {
             events,
             audit,
             metrics,
+            watches: Arc::new(WatchCounts {
+                cap: max_watches_per_caller,
+                open: std::sync::Mutex::default(),
+            }),
         }
     }
 
-    /// Counts one open watch until the guard is dropped.
-    #[must_use]
-    pub fn watch_opened(&self) -> crate::metrics::WatchGuard {
-        self.metrics.approval_watch_opened()
+    /// Counts one open watch of `caller` until the slot is dropped; refused
+    /// when the caller (its subject in its tenant) already has the most
+    /// open watches allowed. Others' watches are not touched.
+    ///
+    /// # Errors
+    /// `rate_limited` (gRPC `RESOURCE_EXHAUSTED`) over the cap.
+    pub fn watch_opened(&self, caller: &Caller) -> Result<WatchSlot, DeskError> {
+        let key = (caller.tenant_id.clone(), caller.subject_id.clone());
+        let mut open = self
+            .watches
+            .open
+            .lock()
+            .map_err(|_| DeskError(Envelope::new(ErrorCode::InternalError, "watch counts")))?;
+        let n = open.entry(key.clone()).or_insert(0);
+        if *n >= self.watches.cap {
+            self.metrics.approval_view_refused("watch", "rate_limited");
+            return Err(DeskError(
+                Envelope::new(
+                    ErrorCode::RateLimited,
+                    "this caller has the most open approval watches allowed; close one first",
+                )
+                .with("limit", "max_watches_per_caller"),
+            ));
+        }
+        *n += 1;
+        Ok(WatchSlot {
+            counts: Arc::clone(&self.watches),
+            key,
+            _gauge: self.metrics.approval_watch_opened(),
+        })
     }
 
     /// The events hub watchers subscribe to.
     #[must_use]
     pub fn events(&self) -> &Arc<ApprovalEvents> {
         &self.events
+    }
+
+    /// A watch of the approvals of the token's tenant that its caller may
+    /// view: every door that streams approval events (`WatchApprovals`, the
+    /// console's live queue) reads them through one of these, so each sees
+    /// the same events, filtered by the same Cedar question.
+    ///
+    /// The watch counts against its caller's open watches
+    /// ([`Self::watch_opened`]) until it is dropped.
+    ///
+    /// # Errors
+    /// `unauthorized`, as [`ApprovalDesk::authenticate`]; `rate_limited`
+    /// over the caller's cap of open watches.
+    pub async fn watch(self: &Arc<Self>, token: &str) -> Result<ApprovalWatch, DeskError> {
+        let (caller, valid_for) = self.authenticate_fresh(token).await?;
+        // Counted before anything is subscribed: a watch over the cap is
+        // refused, and the caller's other watches keep running.
+        let open = self.watch_opened(&caller)?;
+        // The gap signal first, then the events: a gap announced between
+        // the two is seen, never missed.
+        let gaps = self.events.gaps();
+        let events = self.events.subscribe();
+        Ok(ApprovalWatch {
+            desk: Arc::clone(self),
+            _open: open,
+            ends_at: tokio::time::Instant::now() + valid_for,
+            caller,
+            events,
+            gaps,
+        })
     }
 
     /// The verified caller of a token.
@@ -126,18 +226,49 @@ impl ApprovalDesk {
                 "no identity key set is configured (--jwks-file)",
             ));
         };
-        let now_ms = self.clock.now_ms();
-        let (caller, exp) = verifier
-            .verify_with_expiry(token, now_ms.div_euclid(1000))
-            .map_err(|reason| {
-                DeskError(
-                    Envelope::new(ErrorCode::Unauthorized, "the identity token is not valid")
-                        .with("reason", reason),
-                )
-            })?;
-        let left_ms = exp.saturating_mul(1000).saturating_sub(now_ms).max(0);
+        let verified = verifier.verify_with_expiry(token, self.clock.now_ms().div_euclid(1000));
+        self.valid_for(verified)
+    }
+
+    /// The verified caller and how long its token stays valid from now, or
+    /// the token's refusal as `unauthorized`.
+    fn valid_for(
+        &self,
+        verified: Result<(Caller, i64), &'static str>,
+    ) -> Result<(Caller, std::time::Duration), DeskError> {
+        let (caller, exp) = verified.map_err(|reason| {
+            DeskError(
+                Envelope::new(ErrorCode::Unauthorized, "the identity token is not valid")
+                    .with("reason", reason),
+            )
+        })?;
+        let left_ms = exp
+            .saturating_mul(1000)
+            .saturating_sub(self.clock.now_ms())
+            .max(0);
         let left = std::time::Duration::from_millis(u64::try_from(left_ms).unwrap_or(0));
         Ok((caller, left))
+    }
+
+    /// [`Self::authenticate_until`] that waits (bounded) for the key-set
+    /// fetch a token's unknown key asks for: a key the identity provider
+    /// published just now verifies on its first token.
+    ///
+    /// # Errors
+    /// `unauthorized`, as [`ApprovalDesk::authenticate`].
+    pub async fn authenticate_fresh(
+        &self,
+        token: &str,
+    ) -> Result<(Caller, std::time::Duration), DeskError> {
+        let Some(verifier) = &self.verifier else {
+            return Err(unauthorized(
+                "no identity key set is configured (--jwks-file)",
+            ));
+        };
+        let clock = Arc::clone(&self.clock);
+        let now = move || clock.now_ms().div_euclid(1000);
+        let verified = verifier.verify_fresh(token, &now).await;
+        self.valid_for(verified)
     }
 
     /// One approval of the caller's tenant, if Cedar lets the caller view it.
@@ -146,7 +277,7 @@ impl ApprovalDesk {
     /// `unauthorized`, `approval_not_found`, `forbidden` (Cedar's
     /// `view_approval` refuses this caller), `policy_error`, or `internal_error`.
     pub async fn get(&self, token: &str, approval_id: &str) -> Result<ApprovalRecord, DeskError> {
-        let caller = self.authenticate(token)?;
+        let (caller, _) = self.authenticate_fresh(token).await?;
         let record = self
             .store
             .get_approval(&caller.tenant_id, approval_id)
@@ -197,7 +328,7 @@ impl ApprovalDesk {
         page_size: usize,
         page_token: &str,
     ) -> Result<ApprovalPage, DeskError> {
-        let caller = self.authenticate(token)?;
+        let (caller, _) = self.authenticate_fresh(token).await?;
         let limit = if page_size == 0 {
             DEFAULT_PAGE
         } else {
@@ -300,7 +431,7 @@ impl ApprovalDesk {
         approver_seen: &mut Option<Caller>,
         record_seen: &mut Option<ApprovalRecord>,
     ) -> Result<ApprovalRecord, DeskError> {
-        let approver = self.authenticate(token)?;
+        let (approver, _) = self.authenticate_fresh(token).await?;
         *approver_seen = Some(approver.clone());
         let now = self.clock.now_ms();
         let record = self
@@ -384,6 +515,54 @@ impl ApprovalDesk {
             self.events.publish(ApprovalEventKind::Expired, r, None);
         }
         Ok(expired.len())
+    }
+}
+
+/// An open watch of one caller's approval events (see [`ApprovalDesk::watch`]).
+/// It is counted as open (`toolgate_approval_watches`) until dropped.
+#[derive(Debug)]
+pub struct ApprovalWatch {
+    desk: Arc<ApprovalDesk>,
+    _open: WatchSlot,
+    ends_at: tokio::time::Instant,
+    caller: Caller,
+    events: broadcast::Receiver<Arc<ApprovalEvent>>,
+    gaps: watch::Receiver<u64>,
+}
+
+impl ApprovalWatch {
+    /// The verified caller the watch runs as.
+    #[must_use]
+    pub fn caller(&self) -> &Caller {
+        &self.caller
+    }
+
+    /// The next event of the caller's tenant that the caller may view
+    /// (`view_approval`, one evaluation per event of its tenant, on the live
+    /// policies), or why the watch is over. A slow watcher only fills its
+    /// own queue: the hub is a broadcast, so nobody else waits for it.
+    ///
+    /// # Errors
+    /// [`WatchEnd`]: the watch is over; every later call says so again.
+    pub async fn next(&mut self) -> Result<Arc<ApprovalEvent>, WatchEnd> {
+        loop {
+            let event = tokio::select! {
+                received = self.events.recv() => match received {
+                    Ok(event) => event,
+                    Err(broadcast::error::RecvError::Lagged(n)) => return Err(WatchEnd::Lagged(n)),
+                    Err(broadcast::error::RecvError::Closed) => return Err(WatchEnd::Closed),
+                },
+                () = tokio::time::sleep_until(self.ends_at) => return Err(WatchEnd::TokenExpired),
+                changed = self.gaps.changed() => {
+                    return Err(if changed.is_ok() { WatchEnd::Gap } else { WatchEnd::Closed });
+                }
+            };
+            if event.approval.tenant_id == self.caller.tenant_id
+                && self.desk.viewable(&self.caller, &event.approval, "watch")
+            {
+                return Ok(event);
+            }
+        }
     }
 }
 

@@ -23,6 +23,20 @@ pub enum ApprovalEventKind {
     Consumed,
 }
 
+/// Why a watch ended: after each, a UI lists again (with a fresh token
+/// for [`WatchEnd::TokenExpired`]) and watches anew.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchEnd {
+    /// The caller's token reached its `exp`: a watch is no longer than its token.
+    TokenExpired,
+    /// The watcher fell this many events behind.
+    Lagged(u64),
+    /// Events from other replicas may have been missed.
+    Gap,
+    /// The hub is gone (the server is stopping).
+    Closed,
+}
+
 /// One event, with the approval as it is after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApprovalEvent {

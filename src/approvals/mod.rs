@@ -1,6 +1,8 @@
 //! The approval lifecycle (DESIGN §4): what an approval is bound to, its
 //! states, how the arguments are shown to a human, and the events hub
-//! (`events`); [`desk`] is the IO side, what approval UIs call.
+//! (`events`); [`machine`] holds the state machine's rules as pure
+//! functions, which every store must follow; [`desk`] is the IO side, what
+//! approval UIs call.
 //!
 //! This module and `events` hold rules and data, no IO: the store persists
 //! records, the decision pipeline decides when to create them, the desk
@@ -9,8 +11,11 @@
 
 pub mod desk;
 mod events;
+pub mod machine;
+#[cfg(test)]
+mod model_check;
 
-pub use events::{ApprovalEvent, ApprovalEventKind, ApprovalEvents};
+pub use events::{ApprovalEvent, ApprovalEventKind, ApprovalEvents, WatchEnd};
 
 use serde_json::Value;
 
@@ -21,7 +26,7 @@ use crate::tools::Risk;
 pub const REDACTED: &str = "[REDACTED]";
 
 /// Where an approval is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ApprovalStatus {
     Pending,
     Approved,
@@ -122,7 +127,7 @@ impl PendingScope {
 }
 
 /// A stored approval.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ApprovalRecord {
     pub approval_id: String,
     pub tenant_id: String,
@@ -141,6 +146,54 @@ pub struct ApprovalRecord {
     pub decided_at: Option<UnixMillis>,
     pub reason: Option<String>,
     pub consumed_by_idempotency_key: Option<String>,
+}
+
+/// The result of trying to consume an approval for one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ApprovalUse {
+    /// Now bound to this idempotency key (or already was: a retry).
+    /// `first` is true for the call that consumed it.
+    Consumed { first: bool },
+    /// Already consumed by another idempotency key.
+    ConsumedByOther,
+    /// No longer approved and unexpired.
+    NotUsable,
+}
+
+/// What a gateway call that names no approval finds (DESIGN §11.3): the
+/// approvals bound to its call minus the request id, in this order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayApproval {
+    /// An APPROVED, unexpired approval, now bound to the call's idempotency
+    /// key (`first`: the oldest unconsumed one), or already bound to it (a
+    /// retry of the same operation). The record shows the binding.
+    Consumed { record: ApprovalRecord, first: bool },
+    /// A PENDING, unexpired one (the oldest): the call waits for it.
+    Pending(ApprovalRecord),
+    /// The latest one was REJECTED and has not expired.
+    Rejected(ApprovalRecord),
+    /// None of those: a new PENDING approval, created from the request.
+    Requested(ApprovalRecord),
+}
+
+/// A human's decision, to record on a PENDING approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalDecision {
+    pub approve: bool,
+    pub decided_by: String,
+    pub reason: String,
+    pub decided_at: UnixMillis,
+    /// When an approved one stops being usable (the contract's TTL from now).
+    pub approved_expires_at: UnixMillis,
+}
+
+/// What recording a decision did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecideOutcome {
+    Decided(ApprovalRecord),
+    /// Somebody decided first (or it expired): the first decision wins.
+    AlreadyDecided(ApprovalRecord),
+    NotFound,
 }
 
 /// The canonical arguments with every `sensitive` pointer's value replaced

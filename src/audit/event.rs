@@ -220,7 +220,6 @@ impl AuditEvent {
             .with("outcome", l.outcome)
             .with("state", l.state)
             .with("code", safe_code(l.code))
-            .with("fencing_token", l.fencing_token)
             .with("attempt", l.attempt)
             .with("latency_us", micros(latency))
     }
@@ -287,8 +286,8 @@ pub struct LedgerAudit<'a> {
     pub state: &'static str,
     /// The answer's error code, empty without one.
     pub code: &'a str,
-    /// The token the call acquired (begin) or presented (complete); 0 otherwise.
-    pub fencing_token: u64,
+    /// The attempt the call is about. Never the fencing token: it is the
+    /// holder's secret, and whoever reads it could complete the attempt.
     pub attempt: u32,
 }
 

@@ -19,6 +19,7 @@ use crate::audit::{Audit, AuditEvent, RefusalAudit};
 use crate::decision::{AuthorizeOutcome, ToolCallAuthorizer};
 use crate::decode::{self, Limits};
 use crate::envelope::{ErrorCode, ExecutorError, RequestError};
+use crate::identity::single_header as single;
 
 /// The paths this door serves.
 pub const METADATA_PATH: &str = "/.well-known/authzen-configuration";
@@ -121,7 +122,7 @@ fn incoming(desk: &AuthzenDesk, req: &http::Request<Body>, endpoint: &'static st
     let headers = req.headers();
     let token = single(headers, desk.config.identity_token_header.as_str()).unwrap_or_default();
     let identity_token = if desk.config.identity_token_header == "authorization" {
-        bearer(token).unwrap_or_default()
+        crate::identity::bearer(token).unwrap_or_default()
     } else {
         token
     };
@@ -150,22 +151,6 @@ fn single_value(headers: &HeaderMap, name: &str) -> Option<HeaderValue> {
         (Some(v), None) => Some(v.clone()),
         _ => None,
     }
-}
-
-fn single<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
-    let mut values = headers.get_all(name).iter();
-    match (values.next(), values.next()) {
-        (Some(v), None) => v.to_str().ok(),
-        _ => None,
-    }
-}
-
-/// The credential of a `Bearer` authorization (RFC 6750, scheme case-insensitive).
-fn bearer(value: &str) -> Option<&str> {
-    let (scheme, credential) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| credential.trim())
 }
 
 fn with_request_id(mut response: Response, request_id: Option<HeaderValue>) -> Response {

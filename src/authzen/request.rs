@@ -453,7 +453,7 @@ fn map(e: &Value, config: &AuthzenConfig, t: Transport<'_>) -> Result<Entry, Ref
         }
     }
     // Neither sent: the call is its own operation.
-    let request_id = request_id.unwrap_or_else(|| format!("authzen-{}", uuid::Uuid::now_v7()));
+    let request_id = request_id.unwrap_or_else(|| AuthorizeInput::own_operation("authzen"));
     let approval_id = string_at(e, &config.approval_id)?.unwrap_or_default();
 
     Ok(Entry {

@@ -18,11 +18,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::access::AccessPolicy;
+use crate::access::{AccessPolicy, ListenerLimits};
 use crate::audit::AuditConfig;
 use crate::decision::AuthorizerConfig;
 use crate::decode::Limits;
-use crate::identity::VerifierConfig;
+use crate::identity::{RemoteJwksConfig, VerifierConfig};
 use crate::ledger::LedgerConfig;
 use crate::policy::ReloadTriggers;
 use crate::store::StoreSettings;
@@ -36,7 +36,7 @@ use crate::ratelimit::RateLimitConfig;
 /// `TOOLGATE_*` variables read by toolgate's clients, examples and test
 /// harness; the server ignores them. Any other `TOOLGATE_*` variable must
 /// name a config key.
-pub const CLIENT_VARIABLES: [&str; 10] = [
+pub const CLIENT_VARIABLES: [&str; 13] = [
     "TOOLGATE_CONFIG",
     "TOOLGATE_ADDR",
     "TOOLGATE_IDENTITY_TOKEN",
@@ -51,12 +51,22 @@ pub const CLIENT_VARIABLES: [&str; 10] = [
     // records the skip (scripts/test.sh --allow-skips sets both).
     "TOOLGATE_ALLOW_SKIPS",
     "TOOLGATE_SKIP_LOG",
+    // The console's browser tests: the Chromium they drive, and whether
+    // they write their screenshots into docs/console/.
+    "TOOLGATE_CHROMIUM",
+    "TOOLGATE_UPDATE_SCREENSHOTS",
+    // The wheels the Python SDK's packaging test installs offline
+    // (scripts/test.sh downloads them and exports the folder).
+    "TOOLGATE_WHEELHOUSE",
 ];
 
 /// The largest clock-skew leeway accepted for identity tokens. A leeway is
 /// for clocks that drift by seconds; minutes would quietly extend every
 /// token's life.
 pub const MAX_LEEWAY_SECONDS: u64 = 300;
+
+/// Open `WatchApprovals` streams per verified subject and tenant, by default.
+pub const DEFAULT_MAX_WATCHES_PER_CALLER: usize = 16;
 
 /// How often due approvals are marked expired.
 pub const DEFAULT_APPROVAL_EXPIRY_INTERVAL: Duration = Duration::from_secs(1);
@@ -105,8 +115,8 @@ mod tests;
 
 use raw::RawConfig;
 use sections::{
-    access_policy, audit_config, authzen_config, ledger_config, rate_limits, reload_triggers,
-    store_settings, verifier_config,
+    access_policy, audit_config, authzen_config, console_config, ext_authz_config, key_source,
+    ledger_config, listener_limits, rate_limits, reload_triggers, store_settings, verifier_config,
 };
 use sources::{env_table, merge, read};
 
@@ -139,8 +149,18 @@ pub struct Config {
     /// Pool size, timeouts and the health probe of a shared database.
     pub store_settings: StoreSettings,
     pub jwks_file: Option<PathBuf>,
+    /// `[identity] jwks_url` or `discovery`: the key set fetched from the
+    /// identity provider, refreshed as it rotates (instead of `jwks_file`).
+    pub jwks_remote: Option<RemoteJwksConfig>,
     /// Issuer, audience, leeway and claim names for identity tokens.
     pub verifier: VerifierConfig,
+    /// `[identity] approver_audience`: when set, ApprovalService accepts only
+    /// tokens with this audience (and the executors' `audience` alone is
+    /// not enough there).
+    pub approver_audience: Option<String>,
+    /// `[limits] max_watches_per_caller`: open `WatchApprovals` streams per
+    /// verified subject and tenant (default 16).
+    pub max_watches_per_caller: usize,
     pub authorizer: AuthorizerConfig,
     pub ledger: LedgerConfig,
     /// What reloads the policy folder while serving (default: a watch with
@@ -167,6 +187,12 @@ pub struct Config {
     pub approval_expiry_interval: Duration,
     /// `[authzen]`: the AuthZEN door's mapping and answers.
     pub authzen: crate::authzen::AuthzenConfig,
+    /// `[limits]`: what one listener holds at once, the request timeout.
+    pub listener_limits: ListenerLimits,
+    /// `[ext_authz]`: the Envoy ext_authz door's refusals and identity header.
+    pub ext_authz: crate::ext_authz::ExtAuthzConfig,
+    /// `[console]`: the approval console (off by default).
+    pub console: crate::console::ConsoleConfig,
 }
 
 /// `[tls]` files.
@@ -328,13 +354,25 @@ impl Config {
         });
         let access = access_policy(raw.access, &listen, tls.as_ref())?;
         let jwks_file = o.jwks_file.or(raw.jwks_file);
+        let verifier = verifier_config(
+            o.issuer.or(raw.issuer),
+            o.audience.or(raw.audience),
+            &raw.identity,
+        )?;
+        let (jwks_remote, approver_audience) =
+            key_source(&raw.identity, jwks_file.as_deref(), &verifier)?;
         let require_identity_token = raw.require_identity_token.unwrap_or(false);
-        if require_identity_token && jwks_file.is_none() {
+        if require_identity_token && jwks_file.is_none() && jwks_remote.is_none() {
             return Err(invalid(
                 "require_identity_token",
-                "needs `jwks_file`: tokens are verified against it",
+                "needs `jwks_file` or `[identity] jwks_url`: tokens are verified against it",
             ));
         }
+        let max_watches_per_caller = match raw.limits.max_watches_per_caller {
+            None => DEFAULT_MAX_WATCHES_PER_CALLER,
+            Some(0) => return Err(invalid("limits.max_watches_per_caller", "must be positive")),
+            Some(n) => n,
+        };
         let unix_socket_mode = match raw.unix_socket_mode {
             None => 0o600,
             Some(text) => {
@@ -377,26 +415,64 @@ impl Config {
                 .map_or(shutdown_default, Duration::from_millis),
             cors_origins: raw.grpc_web.allowed_origins,
             authzen: authzen_config(raw.authzen)?,
+            listener_limits: listener_limits(&raw.limits)?,
+            ext_authz: ext_authz_config(raw.ext_authz)?,
+            console: console_config(raw.console)?,
             approval_expiry_interval: DEFAULT_APPROVAL_EXPIRY_INTERVAL,
             policies: o
                 .policies
                 .or(raw.policies)
                 .unwrap_or_else(|| PathBuf::from("policies")),
             listen,
-            store: o
-                .store
-                .or(raw.store.url)
-                .unwrap_or_else(|| DEFAULT_STORE.to_owned()),
+            store: with_ca_file(
+                o.store
+                    .or(raw.store.url)
+                    .unwrap_or_else(|| DEFAULT_STORE.to_owned()),
+                raw.store.settings.ca_file.as_deref(),
+            )?,
             store_settings: store_settings(&raw.store.settings)?,
             jwks_file,
-            verifier: verifier_config(
-                o.issuer.or(raw.issuer),
-                o.audience.or(raw.audience),
-                raw.identity,
-            )?,
+            jwks_remote,
+            verifier,
+            approver_audience,
+            max_watches_per_caller,
             authorizer,
             ledger: ledger_config(&raw.ledger)?,
             reload: reload_triggers(&raw.reload)?,
         })
     }
+}
+
+/// `[store] ca_file` as the PostgreSQL URL's `sslrootcert` (unless the URL
+/// names one: the URL wins), so the store reads its TLS settings from the
+/// URL alone.
+fn with_ca_file(url: String, ca_file: Option<&Path>) -> Result<String, ConfigError> {
+    let Some(ca_file) = ca_file else {
+        return Ok(url);
+    };
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(invalid(
+            "store.ca_file",
+            "is for a postgres:// store (TLS to PostgreSQL)",
+        ));
+    }
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    if query.split('&').any(|p| p.starts_with("sslrootcert=")) {
+        return Ok(url);
+    }
+    let path = ca_file
+        .to_str()
+        .ok_or_else(|| invalid("store.ca_file", "must be a UTF-8 path"))?;
+    let encoded: String = path
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"/-_.~".contains(&b) {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    Ok(format!("{url}{joiner}sslrootcert={encoded}"))
 }

@@ -41,6 +41,18 @@ pub(super) struct RawConfig {
     pub(super) grpc_web: RawGrpcWeb,
     #[serde(default)]
     pub(super) authzen: RawAuthzen,
+    #[serde(default)]
+    pub(super) ext_authz: RawExtAuthz,
+    #[serde(default)]
+    pub(super) console: RawConsole,
+}
+
+/// `[console]`: the approval console.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConsole {
+    pub(super) enabled: Option<bool>,
+    pub(super) token_header: Option<String>,
 }
 
 /// `[authzen]`: the AuthZEN door's mapping pointers and answers.
@@ -65,6 +77,15 @@ pub(super) struct RawAuthzen {
     pub(super) max_evaluations: Option<usize>,
 }
 
+/// `[ext_authz]`: the Envoy ext_authz door's refusals and identity header.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawExtAuthz {
+    pub(super) denied_methods: Option<Vec<String>>,
+    pub(super) identity_header: Option<String>,
+    pub(super) max_body_bytes: Option<usize>,
+}
+
 /// `[ledger]`: the execution ledger's budget, leases and retention.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,6 +96,7 @@ pub(super) struct RawLedger {
     pub(super) retention_seconds: Option<u64>,
     pub(super) collect_interval_seconds: Option<u64>,
     pub(super) collect_batch: Option<usize>,
+    pub(super) ticket_ttl_seconds: Option<u64>,
 }
 
 /// `store = "URL"`, or a `[store]` table with the URL and the settings of a
@@ -93,6 +115,9 @@ pub(super) struct RawStoreSettings {
     pub(super) connect_timeout_ms: Option<u64>,
     pub(super) statement_timeout_ms: Option<u64>,
     pub(super) health_interval_ms: Option<u64>,
+    /// The CA file a PostgreSQL server's certificate is verified against
+    /// (`sslmode=verify-full`/`verify-ca`; the URL's `sslrootcert` wins).
+    pub(super) ca_file: Option<PathBuf>,
 }
 
 impl<'de> Deserialize<'de> for RawStore {
@@ -202,6 +227,14 @@ pub(super) struct RawGrpcWeb {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawIdentity {
     pub(super) leeway_seconds: Option<u64>,
+    /// The audience approver tokens must carry (ApprovalService only).
+    pub(super) approver_audience: Option<String>,
+    /// The identity provider's key set URL (instead of `jwks_file`).
+    pub(super) jwks_url: Option<String>,
+    /// Find the key set URL by OIDC discovery from `issuer`.
+    pub(super) discovery: Option<bool>,
+    pub(super) jwks_refresh_min_seconds: Option<u64>,
+    pub(super) jwks_refresh_max_seconds: Option<u64>,
     #[serde(default)]
     pub(super) claims: RawClaims,
 }
@@ -223,6 +256,13 @@ pub(super) struct RawLimits {
     pub(super) max_argument_bytes: Option<usize>,
     pub(super) max_entities_bytes: Option<usize>,
     pub(super) max_depth: Option<usize>,
+    pub(super) max_connections: Option<usize>,
+    pub(super) max_concurrent_streams: Option<u32>,
+    pub(super) max_calls_in_flight: Option<usize>,
+    pub(super) request_timeout_ms: Option<u64>,
+    pub(super) max_health_watches: Option<usize>,
+    /// Open `WatchApprovals` streams per verified subject and tenant.
+    pub(super) max_watches_per_caller: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -6,17 +6,19 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::raw::{
-    RawAudit, RawAuthzen, RawGrant, RawIdentity, RawLedger, RawLimit, RawRateLimits, RawReload,
-    RawStoreSettings,
+    RawAudit, RawAuthzen, RawConsole, RawExtAuthz, RawGrant, RawIdentity, RawLedger, RawLimit,
+    RawLimits, RawRateLimits, RawReload, RawStoreSettings,
 };
 use super::{
     ConfigError, DEFAULT_RELOAD_DEBOUNCE, ListenAddr, MAX_LEEWAY_SECONDS, MAX_RELOAD_DEBOUNCE_MS,
     TlsFiles, invalid,
 };
-use crate::access::{AccessPolicy, CallerPattern, Grant, ServiceName, TenantScope};
+use crate::access::{AccessPolicy, CallerPattern, Grant, ListenerLimits, ServiceName, TenantScope};
 use crate::audit::{AuditConfig, AuditSink, WhenFull};
 use crate::authzen::{AuthzenConfig, is_evaluation_pointer};
-use crate::identity::{ClaimNames, VerifierConfig};
+use crate::console::ConsoleConfig;
+use crate::ext_authz::ExtAuthzConfig;
+use crate::identity::{ClaimNames, JwksLocation, RemoteJwksConfig, VerifierConfig};
 use crate::ledger::LedgerConfig;
 use crate::policy::ReloadTriggers;
 use crate::ratelimit::{Limit, RateLimitConfig};
@@ -59,6 +61,8 @@ pub(super) fn ledger_config(raw: &RawLedger) -> Result<LedgerConfig, ConfigError
         .map_or(defaults.collect_batch, |n| {
             usize::try_from(n).unwrap_or(usize::MAX)
         }),
+        ticket_ttl: positive("ledger.ticket_ttl_seconds", raw.ticket_ttl_seconds)?
+            .map_or(defaults.ticket_ttl, Duration::from_secs),
     };
     // Retention never collects an IN_PROGRESS record (live lease or not:
     // `ExecutionState::COLLECTABLE`), so this bound is no longer what keeps
@@ -115,6 +119,52 @@ pub(super) fn store_settings(raw: &RawStoreSettings) -> Result<StoreSettings, Co
     })
 }
 
+/// `[limits]`' listener keys: each positive; absent keys keep the default.
+pub(super) fn listener_limits(raw: &RawLimits) -> Result<ListenerLimits, ConfigError> {
+    fn positive<T: Default + PartialEq>(
+        key: &'static str,
+        v: Option<T>,
+        default: T,
+    ) -> Result<T, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(n) if n == T::default() => Err(ConfigError::Invalid {
+                key,
+                reason: "must be positive".into(),
+            }),
+            Some(n) => Ok(n),
+        }
+    }
+    let d = ListenerLimits::default();
+    Ok(ListenerLimits {
+        max_connections: positive(
+            "limits.max_connections",
+            raw.max_connections,
+            d.max_connections,
+        )?,
+        max_concurrent_streams: positive(
+            "limits.max_concurrent_streams",
+            raw.max_concurrent_streams,
+            d.max_concurrent_streams,
+        )?,
+        max_calls_in_flight: positive(
+            "limits.max_calls_in_flight",
+            raw.max_calls_in_flight,
+            d.max_calls_in_flight,
+        )?,
+        request_timeout: Duration::from_millis(positive(
+            "limits.request_timeout_ms",
+            raw.request_timeout_ms,
+            u64::try_from(d.request_timeout.as_millis()).unwrap_or(u64::MAX),
+        )?),
+        max_health_watches: positive(
+            "limits.max_health_watches",
+            raw.max_health_watches,
+            d.max_health_watches,
+        )?,
+    })
+}
+
 pub(super) fn reload_triggers(raw: &RawReload) -> Result<ReloadTriggers, ConfigError> {
     let debounce = match raw.debounce_ms {
         None => DEFAULT_RELOAD_DEBOUNCE,
@@ -135,7 +185,7 @@ pub(super) fn reload_triggers(raw: &RawReload) -> Result<ReloadTriggers, ConfigE
 pub(super) fn verifier_config(
     issuer: Option<String>,
     audience: Option<String>,
-    raw: RawIdentity,
+    raw: &RawIdentity,
 ) -> Result<VerifierConfig, ConfigError> {
     let defaults = VerifierConfig::default();
     let leeway_seconds = raw.leeway_seconds.unwrap_or(defaults.leeway_seconds);
@@ -155,10 +205,26 @@ pub(super) fn verifier_config(
         None => Ok(default),
     };
     let claims = ClaimNames {
-        subject: pick("identity.claims.subject", raw.claims.subject, names.subject)?,
-        tenant: pick("identity.claims.tenant", raw.claims.tenant, names.tenant)?,
-        roles: pick("identity.claims.roles", raw.claims.roles, names.roles)?,
-        scope: pick("identity.claims.scope", raw.claims.scope, names.scope)?,
+        subject: pick(
+            "identity.claims.subject",
+            raw.claims.subject.clone(),
+            names.subject,
+        )?,
+        tenant: pick(
+            "identity.claims.tenant",
+            raw.claims.tenant.clone(),
+            names.tenant,
+        )?,
+        roles: pick(
+            "identity.claims.roles",
+            raw.claims.roles.clone(),
+            names.roles,
+        )?,
+        scope: pick(
+            "identity.claims.scope",
+            raw.claims.scope.clone(),
+            names.scope,
+        )?,
     };
     let nonempty = |key: &'static str, v: Option<String>| match v {
         Some(s) if s.is_empty() => Err(ConfigError::Invalid {
@@ -173,6 +239,97 @@ pub(super) fn verifier_config(
         leeway_seconds,
         claims,
     })
+}
+
+/// Where identity keys come from besides `jwks_file` (`[identity] jwks_url`
+/// or `discovery`), and the approvers' own audience. The issuer is required
+/// whenever tokens are verified at all: a key set is shared by every
+/// application of the provider, and only `iss` (with `aud`) says a token
+/// was minted for this deployment.
+pub(super) fn key_source(
+    raw: &RawIdentity,
+    jwks_file: Option<&std::path::Path>,
+    verifier: &VerifierConfig,
+) -> Result<(Option<RemoteJwksConfig>, Option<String>), ConfigError> {
+    let location = match (&raw.jwks_url, raw.discovery.unwrap_or(false)) {
+        (Some(_), true) => {
+            return Err(invalid(
+                "identity.discovery",
+                "give either `jwks_url` or `discovery = true`, not both",
+            ));
+        }
+        (Some(url), false) if url.trim().is_empty() => {
+            return Err(invalid("identity.jwks_url", "must not be empty"));
+        }
+        (Some(url), false) => Some(JwksLocation::Url(url.clone())),
+        (None, true) => Some(JwksLocation::Discovery {
+            issuer: verifier
+                .issuer
+                .clone()
+                .ok_or_else(|| invalid("identity.discovery", "needs `issuer` to discover from"))?,
+        }),
+        (None, false) => None,
+    };
+    if location.is_some() && jwks_file.is_some() {
+        return Err(invalid(
+            "jwks_file",
+            "give either `jwks_file` or `[identity] jwks_url`/`discovery`, not both",
+        ));
+    }
+    if (location.is_some() || jwks_file.is_some()) && verifier.issuer.is_none() {
+        return Err(invalid(
+            "issuer",
+            "is required whenever identity tokens are verified (`jwks_file`, `[identity] jwks_url` or `discovery`): \
+             the issuer's tokens alone are accepted",
+        ));
+    }
+    let seconds = |key: &'static str, v: Option<u64>, default: Duration| match v {
+        None => Ok(default),
+        Some(s) if (1..=86_400).contains(&s) => Ok(Duration::from_secs(s)),
+        Some(s) => Err(invalid(key, format!("{s} is not between 1 and 86400"))),
+    };
+    let remote = match location {
+        None => None,
+        Some(location) => {
+            let min_refresh = seconds(
+                "identity.jwks_refresh_min_seconds",
+                raw.jwks_refresh_min_seconds,
+                RemoteJwksConfig::DEFAULT_MIN_REFRESH,
+            )?;
+            let max_refresh = seconds(
+                "identity.jwks_refresh_max_seconds",
+                raw.jwks_refresh_max_seconds,
+                RemoteJwksConfig::DEFAULT_MAX_REFRESH.max(min_refresh),
+            )?;
+            if max_refresh < min_refresh {
+                return Err(invalid(
+                    "identity.jwks_refresh_max_seconds",
+                    "must not be less than `jwks_refresh_min_seconds`",
+                ));
+            }
+            Some(RemoteJwksConfig {
+                location,
+                min_refresh,
+                max_refresh,
+            })
+        }
+    };
+    let approver_audience = match &raw.approver_audience {
+        Some(a) if a.trim().is_empty() => {
+            return Err(invalid(
+                "identity.approver_audience",
+                "must not be empty (leave it out instead)",
+            ));
+        }
+        Some(a) if verifier.audience.as_deref() == Some(a.as_str()) => {
+            return Err(invalid(
+                "identity.approver_audience",
+                "must differ from `audience`: the point is that a token an executor forwards cannot decide approvals",
+            ));
+        }
+        other => other.clone(),
+    };
+    Ok((remote, approver_audience))
 }
 
 /// The grants, checked against the listener: who can be told apart there.
@@ -246,7 +403,7 @@ pub(super) fn access_policy(
 }
 
 /// The tenants of one grant. A grant of `authorization`, `ledger`,
-/// `entities` or `authzen` names them (least privilege: an executor, a
+/// `entities`, `authzen` or `ext_authz` names them (least privilege: an executor, a
 /// gateway or a data feed acts for no tenant it was not given);
 /// `approvals` need none, since an approver's tenant is its verified token's.
 fn grant_tenants(
@@ -259,6 +416,8 @@ fn grant_tenants(
         ServiceName::Ledger,
         ServiceName::Entities,
         ServiceName::Authzen,
+        ServiceName::Reconcile,
+        ServiceName::ExtAuthz,
     ]
     .iter()
     .any(|s| services.contains(s));
@@ -267,7 +426,7 @@ fn grant_tenants(
             return Err(invalid(
                 "access.tenants",
                 format!(
-                    "the grant of `{caller}` gives authorization, ledger, entities or authzen, so it names \
+                    "the grant of `{caller}` gives authorization, ledger, entities, authzen, ext_authz or reconcile, so it names \
                      the tenants its caller may act for (`tenants = [\"acme\"]`, or \
                      `[\"*\"]` for every tenant)"
                 ),
@@ -476,5 +635,60 @@ pub(super) fn authzen_config(raw: RawAuthzen) -> Result<AuthzenConfig, ConfigErr
             raw.max_evaluations,
             d.max_evaluations,
         )?,
+    })
+}
+
+/// `[ext_authz]`: the denied methods non-empty names, the identity header
+/// a header name (lower case), the body cap positive.
+pub(super) fn ext_authz_config(raw: RawExtAuthz) -> Result<ExtAuthzConfig, ConfigError> {
+    let d = ExtAuthzConfig::default();
+    let denied_methods = raw.denied_methods.unwrap_or(d.denied_methods);
+    if denied_methods.iter().any(String::is_empty) {
+        return Err(invalid("ext_authz.denied_methods", "names an empty method"));
+    }
+    if denied_methods.iter().any(|m| m == "tools/call") {
+        return Err(invalid(
+            "ext_authz.denied_methods",
+            "`tools/call` is decided by policy, not denied wholesale",
+        ));
+    }
+    let header = raw
+        .identity_header
+        .unwrap_or(d.identity_header)
+        .to_ascii_lowercase();
+    if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
+        return Err(invalid(
+            "ext_authz.identity_header",
+            format!("`{header}` is not a header name"),
+        ));
+    }
+    let max_body_bytes = match raw.max_body_bytes {
+        Some(0) => return Err(invalid("ext_authz.max_body_bytes", "must be positive")),
+        Some(n) => n,
+        None => d.max_body_bytes,
+    };
+    Ok(ExtAuthzConfig {
+        denied_methods,
+        identity_header: header,
+        max_body_bytes,
+    })
+}
+
+/// `[console]`: off unless enabled; the token header a header name.
+pub(super) fn console_config(raw: RawConsole) -> Result<ConsoleConfig, ConfigError> {
+    let d = ConsoleConfig::default();
+    let token_header = raw
+        .token_header
+        .unwrap_or(d.token_header)
+        .to_ascii_lowercase();
+    if http::HeaderName::from_bytes(token_header.as_bytes()).is_err() {
+        return Err(invalid(
+            "console.token_header",
+            format!("`{token_header}` is not a header name"),
+        ));
+    }
+    Ok(ConsoleConfig {
+        enabled: raw.enabled.unwrap_or(d.enabled),
+        token_header,
     })
 }

@@ -177,7 +177,8 @@ fn the_ledger_section_sets_budget_leases_and_retention() {
     assert_eq!(c.ledger.retention, Duration::from_secs(86_400));
     let raw: RawConfig = toml::from_str(
         "[ledger]\ndefault_max_attempts = 5\nlease_margin_ms = 100\nmax_lease_ms = 60000\n\
-         retention_seconds = 3600\ncollect_interval_seconds = 10\ncollect_batch = 50\n",
+         retention_seconds = 3600\ncollect_interval_seconds = 10\ncollect_batch = 50\n\
+         ticket_ttl_seconds = 30\n",
     )
     .unwrap();
     let c = Config::from_raw(raw, Overrides::default()).unwrap();
@@ -190,6 +191,7 @@ fn the_ledger_section_sets_budget_leases_and_retention() {
             retention: Duration::from_secs(3600),
             collect_interval: Duration::from_secs(10),
             collect_batch: 50,
+            ticket_ttl: Duration::from_secs(30),
         }
     );
     for (text, key) in [
@@ -197,6 +199,7 @@ fn the_ledger_section_sets_budget_leases_and_retention() {
         ("max_lease_ms = 0", "ledger.max_lease_ms"),
         ("retention_seconds = 0", "ledger.retention_seconds"),
         ("collect_batch = 0", "ledger.collect_batch"),
+        ("ticket_ttl_seconds = 0", "ledger.ticket_ttl_seconds"),
         ("retention_seconds = 60", "ledger.retention_seconds"),
     ] {
         let raw: RawConfig = toml::from_str(&format!("[ledger]\n{text}\n")).unwrap();
@@ -534,6 +537,85 @@ fn the_example_configuration_loads() {
     assert!(c.tls.as_ref().is_some_and(|t| t.client_ca.is_some()));
     assert!(c.require_identity_token);
     assert!(c.metrics_listen.is_some());
+    assert_eq!(c.approver_audience.as_deref(), Some("toolgate-approvals"));
+    assert_eq!(
+        c.jwks_remote.map(|r| r.location),
+        Some(crate::identity::JwksLocation::Url(
+            "https://idp.acme.example/.well-known/jwks.json".into()
+        ))
+    );
+    assert_eq!(c.max_watches_per_caller, 16);
+}
+
+/// `[identity]`'s key source and approver audience, `[limits]
+/// max_watches_per_caller` and `[store] ca_file`: each checked, the key
+/// named.
+#[test]
+fn key_sources_audiences_watch_caps_and_store_ca_files_are_checked() {
+    let error = |text: &str| load(text, &[]).unwrap_err().to_string();
+    let c = load(
+        "issuer = \"https://idp.test\"\n[identity]\ndiscovery = true\njwks_refresh_min_seconds = 5\n",
+        &[],
+    )
+    .unwrap();
+    let remote = c.jwks_remote.unwrap();
+    assert_eq!(
+        remote.location,
+        crate::identity::JwksLocation::Discovery {
+            issuer: "https://idp.test".into()
+        }
+    );
+    assert_eq!(remote.min_refresh, Duration::from_secs(5));
+    assert_eq!(remote.max_refresh, Duration::from_secs(3600));
+    assert_eq!(
+        error("[identity]\njwks_url = \"https://idp.test/jwks\"\n"),
+        "invalid `issuer`: is required whenever identity tokens are verified (`jwks_file`, \
+         `[identity] jwks_url` or `discovery`): the issuer's tokens alone are accepted"
+    );
+    assert_eq!(
+        error("[identity]\ndiscovery = true\n"),
+        "invalid `identity.discovery`: needs `issuer` to discover from"
+    );
+    assert_eq!(
+        error(
+            "issuer = \"i\"\njwks_file = \"k.json\"\n[identity]\njwks_url = \"https://i/jwks\"\n"
+        ),
+        "invalid `jwks_file`: give either `jwks_file` or `[identity] jwks_url`/`discovery`, not both"
+    );
+    assert_eq!(
+        error(
+            "issuer = \"i\"\n[identity]\njwks_url = \"https://i/j\"\njwks_refresh_min_seconds = 100\njwks_refresh_max_seconds = 10\n"
+        ),
+        "invalid `identity.jwks_refresh_max_seconds`: must not be less than `jwks_refresh_min_seconds`"
+    );
+    assert_eq!(
+        error("audience = \"toolgate\"\n[identity]\napprover_audience = \"toolgate\"\n"),
+        "invalid `identity.approver_audience`: must differ from `audience`: the point is that a \
+         token an executor forwards cannot decide approvals"
+    );
+    assert_eq!(
+        error("[limits]\nmax_watches_per_caller = 0\n"),
+        "invalid `limits.max_watches_per_caller`: must be positive"
+    );
+    let c = load(
+        "[store]\nurl = \"postgres://u@h/db?sslmode=verify-full\"\nca_file = \"/etc/ca dir/ca.pem\"\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        c.store,
+        "postgres://u@h/db?sslmode=verify-full&sslrootcert=/etc/ca%20dir/ca.pem"
+    );
+    let c = load(
+        "[store]\nurl = \"postgres://u@h/db?sslrootcert=/a.pem\"\nca_file = \"/b.pem\"\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.store, "postgres://u@h/db?sslrootcert=/a.pem");
+    assert_eq!(
+        error("[store]\nurl = \"sqlite://x.db\"\nca_file = \"/b.pem\"\n"),
+        "invalid `store.ca_file`: is for a postgres:// store (TLS to PostgreSQL)"
+    );
 }
 
 /// The caps on pending approvals default to 100 per subject and 1000 per
@@ -620,6 +702,77 @@ fn the_authzen_section_moves_pointers_and_is_validated() {
     let typo = load("[authzen]\ndefault_tenent = \"acme\"\n", &[]).unwrap_err();
     assert!(
         typo.to_string().contains("unknown field `default_tenent`"),
+        "{typo}"
+    );
+}
+
+/// `[ext_authz]`: nothing denied and `authorization` by default; the
+/// methods, the header (lower case) and the cap validated.
+#[test]
+fn the_ext_authz_section_is_read_and_validated() {
+    let c = load("", &[]).unwrap();
+    assert_eq!(c.ext_authz, crate::ext_authz::ExtAuthzConfig::default());
+    let c = load(
+        "[ext_authz]\ndenied_methods = [\"sampling/createMessage\"]\n\
+         identity_header = \"X-Forwarded-Access-Token\"\nmax_body_bytes = 4096\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.ext_authz.denied_methods, ["sampling/createMessage"]);
+    assert_eq!(c.ext_authz.identity_header, "x-forwarded-access-token");
+    assert_eq!(c.ext_authz.max_body_bytes, 4096);
+    for (text, message) in [
+        (
+            "[ext_authz]\ndenied_methods = [\"tools/call\"]\n",
+            "invalid `ext_authz.denied_methods`: `tools/call` is decided by policy, not denied wholesale",
+        ),
+        (
+            "[ext_authz]\ndenied_methods = [\"\"]\n",
+            "invalid `ext_authz.denied_methods`: names an empty method",
+        ),
+        (
+            "[ext_authz]\nidentity_header = \"bad header\"\n",
+            "invalid `ext_authz.identity_header`: `bad header` is not a header name",
+        ),
+        (
+            "[ext_authz]\nmax_body_bytes = 0\n",
+            "invalid `ext_authz.max_body_bytes`: must be positive",
+        ),
+    ] {
+        assert_eq!(load(text, &[]).unwrap_err().to_string(), message, "{text}");
+    }
+}
+
+/// `[console]`: off by default, oauth2-proxy's header unless another is
+/// named (lowercased), the environment as for any key.
+#[test]
+fn the_console_section_is_off_by_default_and_validated() {
+    let c = load("", &[]).unwrap();
+    assert_eq!(
+        c.console,
+        crate::console::ConsoleConfig {
+            enabled: false,
+            token_header: "x-forwarded-access-token".into()
+        }
+    );
+    let c = load(
+        "[console]\nenabled = true\ntoken_header = \"Authorization\"\n",
+        &[],
+    )
+    .unwrap();
+    assert!(c.console.enabled);
+    assert_eq!(c.console.token_header, "authorization");
+    let c = load("", &[("TOOLGATE_CONSOLE__ENABLED", "true")]).unwrap();
+    assert!(c.console.enabled);
+    assert_eq!(
+        load("[console]\ntoken_header = \"x token\"\n", &[])
+            .unwrap_err()
+            .to_string(),
+        "invalid `console.token_header`: `x token` is not a header name"
+    );
+    let typo = load("[console]\nenable = true\n", &[]).unwrap_err();
+    assert!(
+        typo.to_string().contains("unknown field `enable`"),
         "{typo}"
     );
 }

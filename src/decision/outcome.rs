@@ -38,6 +38,15 @@ pub struct AuthorizeInput {
     pub action: String,
 }
 
+impl AuthorizeInput {
+    /// The request id of a gateway call that names none: the call is its
+    /// own operation (DESIGN §11.1, §11.2), under its door's `prefix`.
+    #[must_use]
+    pub fn own_operation(prefix: &str) -> String {
+        format!("{prefix}-{}", uuid::Uuid::now_v7())
+    }
+}
+
 /// The door a call came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Door {

@@ -17,9 +17,8 @@ use serde_json::Value;
 use super::AuthorizerConfig;
 use super::outcome::{AuthorizeInput, AuthorizeOutcome, Decision, Door};
 use crate::access::TenantScope;
-use crate::approvals::{
-    self, ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval,
-};
+use crate::approvals::machine::{self, Refusal};
+use crate::approvals::{self, ApprovalEventKind, ApprovalEvents, ApprovalRecord, NewApproval};
 use crate::audit::{Audit, AuditEvent, DecisionAudit};
 use crate::clock::{Clock, UnixMillis};
 use crate::decode::{self, DecodeError};
@@ -718,32 +717,22 @@ impl ToolCallAuthorizer {
             }
             Err(e) => return Err(self.store_failure(&e)),
         };
-        let same_request = match input.door {
-            Door::Executor => record.request_id == input.request_id,
-            Door::Gateway => true,
-        };
-        if !same_call_but_request_id(&record, caller, h) || !same_request {
-            return Err(approval_envelope(ErrorCode::ApprovalMismatch, &record));
-        }
-        match record.status {
-            ApprovalStatus::Pending if record.expires_at > now => {
-                Err(approval_envelope(ErrorCode::ApprovalPending, &record))
-            }
-            ApprovalStatus::Pending | ApprovalStatus::Expired => {
-                Err(approval_envelope(ErrorCode::ApprovalExpired, &record))
-            }
-            ApprovalStatus::Rejected => {
-                Err(approval_envelope(ErrorCode::ApprovalRejected, &record))
-            }
-            ApprovalStatus::Approved if record.expires_at <= now => {
-                Err(approval_envelope(ErrorCode::ApprovalExpired, &record))
-            }
-            ApprovalStatus::Approved => match &record.consumed_by_idempotency_key {
-                Some(k) if *k != h.key => {
-                    Err(approval_envelope(ErrorCode::ApprovalConsumed, &record))
-                }
-                _ => Ok(record),
+        // The gateway's binding leaves the request id out (DESIGN §11.3).
+        let call = machine::Call {
+            tenant_id: &caller.tenant_id,
+            requester_subject_id: &caller.subject_id,
+            tool: &h.tool.name,
+            tool_version: &h.tool.version,
+            risk: h.tool.risk,
+            arguments_sha256: &h.sha,
+            request_id: match input.door {
+                Door::Executor => Some(&input.request_id),
+                Door::Gateway => None,
             },
+        };
+        match machine::check_use(&record, &call, &h.key, now) {
+            Ok(()) => Ok(record),
+            Err(refusal) => Err(approval_envelope(refused_code(refusal), &record)),
         }
     }
 
@@ -795,17 +784,15 @@ fn audited<'a>(input: &'a AuthorizeInput, outcome: &'a AuthorizeOutcome) -> Deci
     }
 }
 
-/// An approval's binding minus the request id: tenant (the record was read
-/// in the caller's tenant), requester, tool, tool version, risk and
-/// arguments hash. DESIGN §4 adds the request id; §11.3's gateway lookup
-/// is the one binding without it.
-fn same_call_but_request_id(record: &ApprovalRecord, caller: &Caller, h: &Hashed<'_>) -> bool {
-    record.tenant_id == caller.tenant_id
-        && record.requester_subject_id == caller.subject_id
-        && record.tool == h.tool.name
-        && record.tool_version == h.tool.version
-        && record.risk == h.tool.risk
-        && record.arguments_sha256 == h.sha
+/// The code a presented approval's refusal is answered with.
+fn refused_code(refusal: Refusal) -> ErrorCode {
+    match refusal {
+        Refusal::Mismatch => ErrorCode::ApprovalMismatch,
+        Refusal::Pending => ErrorCode::ApprovalPending,
+        Refusal::Expired => ErrorCode::ApprovalExpired,
+        Refusal::Rejected => ErrorCode::ApprovalRejected,
+        Refusal::ConsumedByOther => ErrorCode::ApprovalConsumed,
+    }
 }
 
 fn approval_envelope(code: ErrorCode, record: &ApprovalRecord) -> Envelope {

@@ -17,7 +17,9 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::access::{AccessPolicy, PeerIdentity, ServiceName, Target, TenantScope, target_of_path};
+use crate::access::{
+    AccessPolicy, PeerIdentity, ReconcileScope, ServiceName, Target, TenantScope, target_of_path,
+};
 use crate::metrics::Metrics;
 
 /// The [`PeerIdentity`] of a connection, from what tonic recorded of it.
@@ -42,10 +44,19 @@ fn peer_of(ext: &http::Extensions) -> PeerIdentity {
     PeerIdentity::default()
 }
 
-/// An AuthZEN request refused here: the door's own `403` (an HTTP
-/// client reads no gRPC status), its `X-Request-ID` echoed.
-fn http_refusal(req: &http::Request<Body>, message: &str) -> http::Response<Body> {
-    let mut response = crate::authzen::desk::forbidden(message).map(Body::new);
+/// A plain HTTP door's request refused here: the door's own `403` (an
+/// HTTP client reads no gRPC status), its `X-Request-ID` echoed.
+fn http_refusal(
+    req: &http::Request<Body>,
+    service: ServiceName,
+    message: &str,
+) -> http::Response<Body> {
+    let refusal = if service == ServiceName::Console {
+        crate::console::desk::forbidden(message)
+    } else {
+        crate::authzen::desk::forbidden(message)
+    };
+    let mut response = refusal.map(Body::new);
     let mut ids = req.headers().get_all("x-request-id").iter();
     if let (Some(id), None) = (ids.next(), ids.next()) {
         response.headers_mut().insert("x-request-id", id.clone());
@@ -176,8 +187,10 @@ where
                     "an open loopback listener serves browsers only from a loopback origin or a configured grpc_web.allowed_origins entry"
                 }
             };
-            if target == Target::Service(ServiceName::Authzen) {
-                return Box::pin(std::future::ready(Ok(http_refusal(&req, message))));
+            if let Target::Service(service) = target
+                && service.is_plain_http()
+            {
+                return Box::pin(std::future::ready(Ok(http_refusal(&req, service, message))));
             }
             let details = ErrorDetails::with_error_info(reason, "toolgate", []);
             let status = Status::with_error_details(Code::PermissionDenied, message, details);
@@ -187,9 +200,11 @@ where
             let service = service_label(target);
             self.layer.metrics.access_denied(service);
             tracing::warn!(caller = %peer, service, "call refused: the caller has no grant for the service");
-            if target == Target::Service(ServiceName::Authzen) {
+            if let Target::Service(plain) = target
+                && plain.is_plain_http()
+            {
                 let message = format!("caller `{peer}` may not call the {service} service");
-                return Box::pin(std::future::ready(Ok(http_refusal(&req, &message))));
+                return Box::pin(std::future::ready(Ok(http_refusal(&req, plain, &message))));
             }
             let details = ErrorDetails::with_error_info(
                 "caller_not_granted",
@@ -210,6 +225,10 @@ where
         if let Target::Service(service) = target {
             let tenants = self.layer.policy.tenants(&peer, service);
             req.extensions_mut().insert(tenants);
+            if service == ServiceName::Ledger {
+                let reconcile = self.layer.policy.tenants(&peer, ServiceName::Reconcile);
+                req.extensions_mut().insert(ReconcileScope(reconcile));
+            }
         }
         req.extensions_mut().insert(peer);
         // The clone that was made ready is the one that is called.
@@ -227,6 +246,16 @@ pub fn tenants<T>(request: &tonic::Request<T>) -> TenantScope {
         .extensions()
         .get::<TenantScope>()
         .cloned()
+        .unwrap_or_default()
+}
+
+/// The tenants the caller may reconcile for without a fencing token; none
+/// when the layer set none (fail closed).
+pub fn reconcile_tenants<T>(request: &tonic::Request<T>) -> TenantScope {
+    request
+        .extensions()
+        .get::<ReconcileScope>()
+        .map(|s| s.0.clone())
         .unwrap_or_default()
 }
 

@@ -4,17 +4,15 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use super::{convert, pb};
-use crate::approvals::desk::{ApprovalDesk, DeskError};
-use crate::approvals::{ApprovalEventKind, ApprovalRecord, ApprovalStatus};
+use crate::approvals::desk::{ApprovalDesk, ApprovalWatch, DeskError};
+use crate::approvals::{ApprovalEventKind, ApprovalRecord, ApprovalStatus, WatchEnd};
 use crate::envelope::ErrorCode;
-use crate::identity::Caller;
 
 /// The approval API for approval UIs.
 #[derive(Debug, Clone)]
@@ -42,6 +40,8 @@ fn status(e: &DeskError) -> Status {
         ErrorCode::InvalidArguments => Code::InvalidArgument,
         // `view_approval` refuses (a deny, or a policy that fails: fail closed).
         ErrorCode::Forbidden | ErrorCode::PolicyError => Code::PermissionDenied,
+        // A watch over the caller's cap.
+        ErrorCode::RateLimited => Code::ResourceExhausted,
         _ => Code::Unavailable,
     };
     let details = ErrorDetails::with_error_info(
@@ -198,40 +198,25 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
         request: Request<pb::WatchApprovalsRequest>,
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
         let pb::WatchApprovalsRequest { identity_token } = request.into_inner();
-        let (caller, valid_for) = self
+        let mut watch = self
             .desk
-            .authenticate_until(&identity_token)
+            .watch(&identity_token)
+            .await
             .map_err(|e| status(&e))?;
-        let mut gaps = self.desk.events().gaps();
-        let events = self.desk.events().subscribe();
         let (tx, rx) = mpsc::channel(64);
         let mut stopping = self.stopping.clone();
-        let desk = Arc::clone(&self.desk);
-        let open = desk.watch_opened();
         tokio::spawn(async move {
-            let _open = open;
             tokio::select! {
-                () = forward(events, &tx, &desk, &caller) => {}
+                end = forward(&mut watch, &tx) => {
+                    if let Some(notice) = end_notice(end) {
+                        let _ = tokio::time::timeout(SHUTDOWN_NOTICE_WAIT, tx.send(Err(notice))).await;
+                    }
+                }
                 // The client went away: the task never outlives its stream,
                 // even when no event comes to find the stream closed.
                 () = tx.closed() => {}
-                // A watch is no longer than its token: the UI watches again
-                // with a fresh one.
-                () = tokio::time::sleep(valid_for) => {
-                    let notice = Status::unauthenticated(
-                        "the identity token expired; watch again with a fresh token",
-                    );
-                    let _ = tokio::time::timeout(SHUTDOWN_NOTICE_WAIT, tx.send(Err(notice))).await;
-                }
                 () = async { let _ = stopping.wait_for(|s| *s).await; } => {
                     let notice = Status::unavailable("the server is shutting down; watch again");
-                    let _ = tokio::time::timeout(SHUTDOWN_NOTICE_WAIT, tx.send(Err(notice))).await;
-                }
-                // Other replicas' events may have been missed: never a silent gap.
-                Ok(()) = gaps.changed() => {
-                    let notice = Status::data_loss(
-                        "approval events from other replicas may have been missed; list again and watch anew",
-                    );
                     let _ = tokio::time::timeout(SHUTDOWN_NOTICE_WAIT, tx.send(Err(notice))).await;
                 }
             }
@@ -240,36 +225,18 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
     }
 }
 
-/// Streams the events of the caller's tenant that the caller may view
-/// (`view_approval`, one evaluation per event of its tenant, on the live
-/// policies) until the watcher goes away or falls behind. A slow watcher
-/// only fills its own queue: the hub is a broadcast, so nobody else waits
-/// for it.
+/// Streams the events the desk's watch yields (the caller's tenant's, that
+/// it may view) until the watch ends, which is returned; `None` when the
+/// client went away.
 async fn forward(
-    mut events: broadcast::Receiver<std::sync::Arc<crate::approvals::ApprovalEvent>>,
+    watch: &mut ApprovalWatch,
     tx: &mpsc::Sender<Result<pb::WatchApprovalsResponse, Status>>,
-    desk: &ApprovalDesk,
-    caller: &Caller,
-) {
+) -> Option<WatchEnd> {
     loop {
-        let event = match events.recv().await {
-            Ok(e) => e,
-            Err(RecvError::Lagged(n)) => {
-                // A watcher that fell behind must re-list: never a silent gap.
-                let _ = tx
-                    .send(Err(Status::data_loss(format!(
-                        "the watch fell {n} events behind; list again and watch anew"
-                    ))))
-                    .await;
-                return;
-            }
-            Err(RecvError::Closed) => return,
+        let event = match watch.next().await {
+            Ok(event) => event,
+            Err(end) => return Some(end),
         };
-        if event.approval.tenant_id != caller.tenant_id
-            || !desk.viewable(caller, &event.approval, "watch")
-        {
-            continue;
-        }
         let kind = match event.kind {
             ApprovalEventKind::Created => pb::ApprovalEventKind::Created,
             ApprovalEventKind::Decided => pb::ApprovalEventKind::Decided,
@@ -283,7 +250,27 @@ async fn forward(
             }),
         };
         if tx.send(Ok(msg)).await.is_err() {
-            return;
+            return None;
         }
     }
+}
+
+/// The status that ends a watch: never a silent end, so the UI re-lists.
+fn end_notice(end: Option<WatchEnd>) -> Option<Status> {
+    Some(match end? {
+        // A watch is no longer than its token: the UI watches again with a
+        // fresh one.
+        WatchEnd::TokenExpired => {
+            Status::unauthenticated("the identity token expired; watch again with a fresh token")
+        }
+        // A watcher that fell behind must re-list: never a silent gap.
+        WatchEnd::Lagged(n) => Status::data_loss(format!(
+            "the watch fell {n} events behind; list again and watch anew"
+        )),
+        // Other replicas' events may have been missed.
+        WatchEnd::Gap => Status::data_loss(
+            "approval events from other replicas may have been missed; list again and watch anew",
+        ),
+        WatchEnd::Closed => return None,
+    })
 }

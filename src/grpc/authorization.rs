@@ -60,7 +60,8 @@ impl AuthorizationApi {
         } else {
             None
         };
-        Ok(response(outcome, execution))
+        let ticket = self.ledger.ticket_for(&outcome, &input.tool).await;
+        Ok(response(outcome, execution, ticket))
     }
 }
 
@@ -119,7 +120,11 @@ fn call(
     }
 }
 
-fn response(o: AuthorizeOutcome, execution: Option<BeginAnswer>) -> pb::AuthorizeResponse {
+fn response(
+    o: AuthorizeOutcome,
+    execution: Option<BeginAnswer>,
+    execution_ticket: String,
+) -> pb::AuthorizeResponse {
     let AuthorizeOutcome {
         decision,
         decision_id,
@@ -163,6 +168,7 @@ fn response(o: AuthorizeOutcome, execution: Option<BeginAnswer>) -> pb::Authoriz
         policy_version,
         tool_version,
         execution: execution.map(super::ledger::begin_response),
+        execution_ticket,
     }
 }
 

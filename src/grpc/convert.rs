@@ -124,29 +124,36 @@ pub fn timestamp(ms: UnixMillis) -> prost_types::Timestamp {
 
 /// The earlier of the request's `deadline` field and the gRPC deadline
 /// (`grpc-timeout`), as an instant on the monotonic clock.
+///
+/// Total over every value the wire types can carry: a deadline already past
+/// (or before 1970, or with negative nanos) leaves no time at all; one too
+/// far ahead for the clock to represent is no limit, as if absent.
 pub fn deadline(
     field: Option<&prost_types::Timestamp>,
     metadata: &MetadataMap,
     arrived: Instant,
 ) -> Option<Instant> {
-    let from_field = field.map(|ts| {
-        let secs = u64::try_from(ts.seconds).unwrap_or(0);
-        let nanos = u32::try_from(ts.nanos).unwrap_or(0);
-        let at = UNIX_EPOCH + Duration::new(secs, nanos.min(999_999_999));
-        // A deadline already past leaves no time at all.
-        arrived
-            + at.duration_since(SystemTime::now())
-                .unwrap_or(Duration::ZERO)
-    });
+    let from_field = field.and_then(|ts| arrived.checked_add(time_left(ts, SystemTime::now())?));
     let from_grpc = metadata
         .get("grpc-timeout")
         .and_then(|v| v.to_str().ok())
         .and_then(parse_grpc_timeout)
-        .map(|d| arrived + d);
+        .and_then(|d| arrived.checked_add(d));
     match (from_field, from_grpc) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
+}
+
+/// The time from `now` to `ts`: zero when it has passed, `None` when it
+/// lies beyond what `SystemTime` can hold.
+fn time_left(ts: &prost_types::Timestamp, now: SystemTime) -> Option<Duration> {
+    let Ok(secs) = u64::try_from(ts.seconds) else {
+        return Some(Duration::ZERO);
+    };
+    let nanos = u32::try_from(ts.nanos).unwrap_or(0).min(999_999_999);
+    let at = UNIX_EPOCH.checked_add(Duration::new(secs, nanos))?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 /// `grpc-timeout`: up to 8 digits and a unit (H, M, S, m, u, n).
@@ -181,5 +188,60 @@ mod tests {
         assert_eq!(parse_grpc_timeout("123456789m"), None);
         assert_eq!(parse_grpc_timeout("m"), None);
         assert_eq!(parse_grpc_timeout("10x"), None);
+    }
+
+    fn with_timeout(v: &str) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        if let Ok(v) = v.parse() {
+            m.insert("grpc-timeout", v);
+        }
+        m
+    }
+
+    #[test]
+    fn deadlines_at_the_ends_of_the_wire_types() {
+        let arrived = Instant::now();
+        let ts = |seconds, nanos| prost_types::Timestamp { seconds, nanos };
+        let none = MetadataMap::new();
+        // Past, before 1970, negative nanos: no time at all.
+        for t in [ts(0, 0), ts(-1, 0), ts(i64::MIN, i32::MIN), ts(1, -1)] {
+            assert_eq!(deadline(Some(&t), &none, arrived), Some(arrived), "{t:?}");
+        }
+        // At the end of the range: no panic, and no limit worth the name
+        // (none, where the monotonic clock cannot hold it).
+        let far = deadline(Some(&ts(i64::MAX, i32::MAX)), &none, arrived);
+        let millennia = Duration::from_secs(1_000 * 366 * 86_400);
+        assert!(far.is_none_or(|at| at > arrived + millennia), "{far:?}");
+        // The largest grpc-timeout bounds a far-future field.
+        let hours = Duration::from_secs(99_999_999 * 3600);
+        assert_eq!(
+            deadline(Some(&ts(i64::MAX, 0)), &with_timeout("99999999H"), arrived),
+            arrived.checked_add(hours)
+        );
+    }
+
+    proptest::proptest! {
+        /// Any Timestamp and any grpc-timeout text: an answer, never a
+        /// panic, never before the call arrived, never after either bound.
+        #[test]
+        fn deadline_is_total(
+            seconds in proptest::num::i64::ANY,
+            nanos in proptest::num::i32::ANY,
+            timeout in "[0-9]{0,9}[HMSmunx]?",
+        ) {
+            let arrived = Instant::now();
+            let field = prost_types::Timestamp { seconds, nanos };
+            let metadata = with_timeout(&timeout);
+            let got = deadline(Some(&field), &metadata, arrived);
+            let grpc = parse_grpc_timeout(&timeout).and_then(|d| arrived.checked_add(d));
+            if let Some(at) = got {
+                proptest::prop_assert!(at >= arrived);
+                if let Some(g) = grpc {
+                    proptest::prop_assert!(at <= g);
+                }
+            } else {
+                proptest::prop_assert!(grpc.is_none());
+            }
+        }
     }
 }

@@ -21,18 +21,26 @@ const SHUTDOWN_NOTICE_WAIT: Duration = Duration::from_secs(1);
 
 /// The health service of one server.
 #[derive(Debug)]
-pub struct DrainingHealth {
+pub(super) struct DrainingHealth {
     inner: HealthService,
     /// Becomes `true` when the drain is over and the server stops accepting.
     closing: watch::Receiver<bool>,
+    /// One per open watch: past the listener's limit, `RESOURCE_EXHAUSTED`.
+    slots: super::overload::WatchSlots,
 }
 
 impl DrainingHealth {
-    /// The statuses `reporter` sets, served until `closing` turns `true`.
-    pub fn new(reporter: &HealthReporter, closing: watch::Receiver<bool>) -> Self {
+    /// The statuses `reporter` sets, served until `closing` turns `true`,
+    /// to at most as many watchers at once as `slots` holds.
+    pub(super) fn new(
+        reporter: &HealthReporter,
+        closing: watch::Receiver<bool>,
+        slots: super::overload::WatchSlots,
+    ) -> Self {
         Self {
             inner: HealthService::from_health_reporter(reporter.clone()),
             closing,
+            slots,
         }
     }
 }
@@ -54,10 +62,13 @@ impl Health for DrainingHealth {
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let slot = self.slots.take()?;
         let mut statuses = self.inner.watch(request).await?.into_inner();
         let mut closing = self.closing.clone();
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
+            // The slot is free again when the watch's task ends.
+            let _slot = slot;
             loop {
                 tokio::select! {
                     // A status already set (NOT_SERVING at the start of the

@@ -138,6 +138,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
             arguments_sha256,
             tool,
             lease_ms,
+            execution_ticket,
         } = request.into_inner();
         let answer = self
             .desk
@@ -147,6 +148,7 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
                 arguments_sha256,
                 tool,
                 lease_ms,
+                execution_ticket,
             })
             .await
             .map_err(|e| convert::request_status(&e))?;
@@ -198,19 +200,25 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
     ) -> Result<Response<pb::ReconcileExecutionResponse>, Status> {
         let peer = super::admission::peer(&request);
         let tenants = super::admission::tenants(&request);
+        let reconcile_tenants = super::admission::reconcile_tenants(&request);
         let pb::ReconcileExecutionRequest {
             auth,
             idempotency_key,
             applied,
             result_json,
+            fencing_token,
         } = request.into_inner();
         let settled = self
             .desk
             .reconcile(ReconcileRequest {
-                auth: executor_auth(auth, peer, tenants),
+                auth: ExecutorAuth {
+                    reconcile_tenants,
+                    ..executor_auth(auth, peer, tenants)
+                },
                 idempotency_key,
                 applied,
                 result_json,
+                fencing_token,
             })
             .await
             .map_err(|e| convert::request_status(&e))?
@@ -266,6 +274,7 @@ fn executor_auth(
         identity_token,
         peer,
         tenants,
+        reconcile_tenants: TenantScope::default(),
     }
 }
 

@@ -10,9 +10,11 @@ mod approval;
 mod authorization;
 mod convert;
 mod entity;
+mod ext_authz;
 mod health;
 mod ledger;
 mod listen;
+mod overload;
 mod policy;
 mod tls;
 mod web;
@@ -34,8 +36,10 @@ use tonic::transport::server::{Connected, TcpIncoming};
 use crate::access::AccessPolicy;
 use crate::approvals::desk::ApprovalDesk;
 use crate::authzen::desk::AuthzenDesk;
+use crate::console::desk::ConsoleDesk;
 use crate::decision::ToolCallAuthorizer;
 use crate::entities::desk::EntityDesk;
+use crate::ext_authz::desk::ExtAuthzDesk;
 use crate::ledger::desk::LedgerDesk;
 use crate::metrics::Metrics;
 use crate::policy::PolicyReloader;
@@ -83,6 +87,10 @@ pub struct Handlers {
     pub metrics: Arc<Metrics>,
     /// The AuthZEN door, served over HTTP beside the gRPC services.
     pub authzen: Arc<AuthzenDesk>,
+    /// The Envoy ext_authz door (`envoy.service.auth.v3.Authorization`).
+    pub ext_authz: Arc<ExtAuthzDesk>,
+    /// The approval console, served over HTTP beside the gRPC services.
+    pub console: Arc<ConsoleDesk>,
     /// The COAZ-MCP declared mapping `ListTools` publishes per tool.
     pub mcp_mapping: serde_json::Value,
 }
@@ -128,6 +136,8 @@ pub struct ServeOptions {
     /// Then, how long in-flight calls get to finish before the server stops
     /// regardless.
     pub grace: Duration,
+    /// What the listener holds at once, and the longest a call may take.
+    pub limits: crate::access::ListenerLimits,
 }
 
 /// Serves every toolgate service, health and reflection on `listener` until
@@ -163,12 +173,23 @@ pub async fn serve(
     // Health watches end once the drain is over (see `health.rs`).
     let (closing_tx, closing) = tokio::sync::watch::channel(false);
     let health = tonic_health::pb::health_server::HealthServer::new(health::DrainingHealth::new(
-        &reporter, closing,
+        &reporter,
+        closing,
+        overload::WatchSlots::new(
+            options.limits.max_health_watches,
+            Arc::clone(&handlers.metrics),
+        ),
     ));
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    let reflection_builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(ext_authz::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = reflection_builder().build_v1()?;
+    // v1alpha too: the generic clients many deployments have (grpcurl
+    // before 1.9, grpcio-reflection) speak only it.
+    let reflection_v1alpha = reflection_builder().build_v1alpha()?;
 
     let Handlers {
         authorizer,
@@ -178,6 +199,8 @@ pub async fn serve(
         policies,
         metrics,
         authzen,
+        ext_authz: ext_authz_desk,
+        console,
         mcp_mapping,
     } = handlers;
     let authorization = AuthorizationServiceServer::new(authorization::AuthorizationApi::new(
@@ -192,6 +215,8 @@ pub async fn serve(
     let ledger = LedgerServiceServer::new(ledger::LedgerApi::new(ledger));
     let policy = PolicyServiceServer::new(policy::PolicyApi::new(policies));
     let entities = EntityServiceServer::new(entity::EntityApi::new(entities));
+    let ext_authz =
+        ext_authz::AuthorizationServer::new(ext_authz::ExtAuthzApi::new(ext_authz_desk));
 
     // The policy set is loaded before the authorizer exists, so the
     // services are ready as soon as they are wired.
@@ -211,23 +236,29 @@ pub async fn serve(
         .set_serving::<EntityServiceServer<entity::EntityApi>>()
         .await;
     reporter
+        .set_serving::<ext_authz::AuthorizationServer<ext_authz::ExtAuthzApi>>()
+        .await;
+    reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
     let probe = tokio::spawn(follow_store(store_answers, reporter.clone()));
 
     let grpc_routes = Routes::new(health)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(authorization)
         .add_service(approvals)
         .add_service(ledger)
         .add_service(policy)
-        .add_service(entities);
-    // The AuthZEN door's HTTP routes beside the gRPC services, behind the
-    // same layers (admission included).
+        .add_service(entities)
+        .add_service(ext_authz);
+    // The AuthZEN door's and the console's HTTP routes beside the gRPC
+    // services, behind the same layers (admission included).
     let routes = Routes::from(
         grpc_routes
             .into_axum_router()
-            .merge(crate::authzen::desk::router(authzen)),
+            .merge(crate::authzen::desk::router(authzen))
+            .merge(crate::console::desk::router(console, stopping.clone())),
     );
 
     let drain = options.drain;
@@ -260,6 +291,9 @@ pub async fn serve(
                 .await;
             reporter
                 .set_not_serving::<EntityServiceServer<entity::EntityApi>>()
+                .await;
+            reporter
+                .set_not_serving::<ext_authz::AuthorizationServer<ext_authz::ExtAuthzApi>>()
                 .await;
             let _ = stopping_tx.send(true);
             tracing::info!(
@@ -340,6 +374,11 @@ where
     I: tokio_stream::Stream<Item = std::io::Result<IO>> + Send + Unpin + 'static,
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Connected + Unpin + Send + 'static,
 {
+    let incoming = overload::limit_connections(
+        incoming,
+        served.options.limits.max_connections,
+        Arc::clone(served.metrics),
+    );
     let Some(pem) = &served.options.tls else {
         return serve_on(incoming, served, signal).await;
     };
@@ -366,11 +405,16 @@ where
     } = served;
     Server::builder()
         .accept_http1(true)
+        .max_concurrent_streams(options.limits.max_concurrent_streams)
         .layer(cors(&options.cors_origins)?)
         .layer(web::GrpcWebExceptDoorLayer)
         .layer(admission::AccessLayer::new(
             options.access.clone(),
             &options.cors_origins,
+            Arc::clone(metrics),
+        ))
+        .layer(overload::OverloadLayer::new(
+            &options.limits,
             Arc::clone(metrics),
         ))
         .add_routes(routes)

@@ -1,7 +1,7 @@
-//! gRPC-Web for the gRPC services, around the AuthZEN door: tonic-web
-//! answers every HTTP/1.1 request that is not gRPC-Web with `400`, so the
-//! door's plain HTTP/1.1 requests go straight to the routes (behind the
-//! admission layer all the same).
+//! gRPC-Web for the gRPC services, around the plain HTTP doors (AuthZEN,
+//! the approval console): tonic-web answers every HTTP/1.1 request that is
+//! not gRPC-Web with `400`, so the doors' plain HTTP/1.1 requests go
+//! straight to the routes (behind the admission layer all the same).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,9 +10,9 @@ use std::task::{Context, Poll};
 use tonic::body::Body;
 use tower::ServiceExt as _;
 
-use crate::access::{ServiceName, Target, target_of_path};
+use crate::access::{Target, target_of_path};
 
-/// The layer: gRPC-Web translation for every path but the door's.
+/// The layer: gRPC-Web translation for every path but the plain HTTP doors'.
 #[derive(Debug, Clone, Default)]
 pub struct GrpcWebExceptDoorLayer;
 
@@ -55,7 +55,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        if target_of_path(req.uri().path()) == Target::Service(ServiceName::Authzen) {
+        if matches!(target_of_path(req.uri().path()), Target::Service(s) if s.is_plain_http()) {
             Box::pin(self.plain.clone().oneshot(req))
         } else {
             Box::pin(self.web.clone().oneshot(req))

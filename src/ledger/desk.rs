@@ -34,7 +34,8 @@ use crate::envelope::{
 use crate::identity::{Caller, Principals};
 use crate::ledger::{
     Begin, BeginAnswer, Collect, Complete, Completion, ExecutionId, ExecutionRecord,
-    ExecutionState, LedgerConfig, OutputSchemas, Reconcile, RecordedError, Settled, Verdict,
+    ExecutionState, LedgerConfig, OutputSchemas, Reconcile, RecordedError, Settled, TicketClaims,
+    TicketKey, TicketKeys, TicketRefusal, Verdict,
 };
 use crate::metrics::{Metrics, UNKNOWN_TOOL};
 use crate::policy::PolicyEngine;
@@ -83,6 +84,9 @@ pub struct ExecutorAuth {
     /// The tenants the caller's grants let it act for. The default is none:
     /// a request whose scope was never set is refused.
     pub tenants: TenantScope,
+    /// The tenants whose records the caller may reconcile without the
+    /// holder's fencing token (its `reconcile` grants). Default: none.
+    pub reconcile_tenants: TenantScope,
 }
 
 impl From<RequestError> for LedgerError {
@@ -102,6 +106,7 @@ impl std::fmt::Debug for ExecutorAuth {
             .field("identity_token", &"[REDACTED]")
             .field("peer", &self.peer)
             .field("tenants", &self.tenants)
+            .field("reconcile_tenants", &self.reconcile_tenants)
             .finish()
     }
 }
@@ -115,6 +120,8 @@ pub struct BeginRequest {
     pub tool: String,
     /// 0: the tool's timeout plus the configured margin.
     pub lease_ms: u32,
+    /// The ALLOW decision's `execution_ticket`. Never logged.
+    pub execution_ticket: String,
 }
 
 /// How the executor says the attempt ended.
@@ -161,6 +168,8 @@ pub struct ReconcileRequest {
     pub applied: bool,
     /// Required when applied, refused otherwise.
     pub result_json: String,
+    /// The holder's fencing token; 0: reconcile by the `reconcile` grant.
+    pub fencing_token: u64,
 }
 
 /// Everything a [`LedgerDesk`] needs; none of it has a default.
@@ -195,6 +204,9 @@ pub struct LedgerDesk {
     principals: Principals,
     audit: Arc<Audit>,
     metrics: Arc<Metrics>,
+    /// The ticket keys, loaded from the store on first use (and again when
+    /// a ticket names a version not loaded yet).
+    ticket_keys: arc_swap::ArcSwapOption<TicketKeys>,
 }
 
 /// Who made one ledger call, and when it arrived: what its audit event and
@@ -255,7 +267,96 @@ impl LedgerDesk {
             principals,
             audit,
             metrics,
+            ticket_keys: arc_swap::ArcSwapOption::empty(),
         }
+    }
+
+    /// The ticket keys: those loaded, else the store's (made on the first
+    /// start of the database), loaded now.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store fails or there is no randomness.
+    pub async fn ticket_keys(&self) -> Result<Arc<TicketKeys>, StoreError> {
+        if let Some(keys) = self.ticket_keys.load_full() {
+            return Ok(keys);
+        }
+        self.reload_ticket_keys().await
+    }
+
+    async fn reload_ticket_keys(&self) -> Result<Arc<TicketKeys>, StoreError> {
+        let candidate = TicketKey::generate(1).map_err(|_| StoreError::Random)?;
+        let keys = self.store.ticket_keys(candidate).await?;
+        let keys = Arc::new(
+            TicketKeys::new(keys)
+                .ok_or_else(|| StoreError::Corrupt("the store holds no ticket key".into()))?,
+        );
+        self.ticket_keys.store(Some(Arc::clone(&keys)));
+        Ok(keys)
+    }
+
+    /// The execution ticket of an ALLOW decision for a call with an
+    /// idempotency key (empty otherwise, and when the keys cannot be read:
+    /// the Begin then refuses, fail closed).
+    pub async fn ticket_for(&self, outcome: &AuthorizeOutcome, tool: &str) -> String {
+        if outcome.decision != Decision::Allow || outcome.idempotency_key.is_empty() {
+            return String::new();
+        }
+        let Some(principal) = outcome.principal.as_ref() else {
+            return String::new();
+        };
+        let claims = TicketClaims {
+            tenant_id: &principal.tenant_id,
+            subject_id: &principal.subject_id,
+            idempotency_key: &outcome.idempotency_key,
+            arguments_sha256: &outcome.arguments_sha256,
+            tool,
+        };
+        self.ticket(&claims).await.unwrap_or_else(|e| {
+            self.store_failure(&e);
+            String::new()
+        })
+    }
+
+    /// A ticket for `claims`, valid for the configured `ticket_ttl` from now.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the keys cannot be read.
+    pub async fn ticket(&self, claims: &TicketClaims<'_>) -> Result<String, StoreError> {
+        let keys = self.ticket_keys().await?;
+        let ttl = i64::try_from(self.config.ticket_ttl.as_millis()).unwrap_or(i64::MAX);
+        Ok(keys.issue(claims, self.clock.now_ms().saturating_add(ttl)))
+    }
+
+    /// Checks a Begin's ticket; `Err` is the refusal to answer.
+    async fn check_ticket(&self, ticket: &str, claims: &TicketClaims<'_>) -> Result<(), Envelope> {
+        let refusal = |r: TicketRefusal| {
+            let message = match r {
+                TicketRefusal::Missing => {
+                    "BeginExecution needs the execution_ticket of the ALLOW decision of this call"
+                }
+                TicketRefusal::Expired => {
+                    "the execution ticket expired: authorize the call again for a fresh one"
+                }
+                TicketRefusal::Invalid => {
+                    "the execution ticket is not valid for this call (tenant, subject, key, hash and tool)"
+                }
+            };
+            Envelope::new(ErrorCode::Unauthorized, message).with("reason", r.reason())
+        };
+        if ticket.is_empty() {
+            return Err(refusal(TicketRefusal::Missing));
+        }
+        let unavailable = |e: &StoreError| self.store_failure(e);
+        let mut keys = self.ticket_keys().await.map_err(|e| unavailable(&e))?;
+        if keys.lacks_version_of(ticket) {
+            // Rotated by another replica since this one loaded the keys.
+            keys = self
+                .reload_ticket_keys()
+                .await
+                .map_err(|e| unavailable(&e))?;
+        }
+        keys.verify(ticket, claims, self.clock.now_ms())
+            .map_err(refusal)
     }
 
     /// The ledger's settings.
@@ -290,6 +391,7 @@ impl LedgerDesk {
             arguments_sha256,
             tool,
             lease_ms,
+            execution_ticket,
         } = req;
         let principal = self.principal(&auth)?;
         check_key(&idempotency_key)?;
@@ -309,12 +411,24 @@ impl LedgerDesk {
         }
         let answer = match &principal {
             Ok(p) => {
-                let id = ExecutionId {
-                    tenant_id: p.tenant_id.clone(),
-                    idempotency_key: idempotency_key.clone(),
+                let claims = TicketClaims {
+                    tenant_id: &p.tenant_id,
+                    subject_id: &p.subject_id,
+                    idempotency_key: &idempotency_key,
+                    arguments_sha256: &arguments_sha256,
+                    tool: &tool,
                 };
-                self.begin_checked(id, &tool, arguments_sha256.clone(), lease_ms)
-                    .await
+                match self.check_ticket(&execution_ticket, &claims).await {
+                    Ok(()) => {
+                        let id = ExecutionId {
+                            tenant_id: p.tenant_id.clone(),
+                            idempotency_key: idempotency_key.clone(),
+                        };
+                        self.begin_checked(id, &tool, arguments_sha256.clone(), lease_ms)
+                            .await
+                    }
+                    Err(refusal) => BeginAnswer::refused(&refusal),
+                }
             }
             Err(refusal) => BeginAnswer::refused(refusal),
         };
@@ -464,7 +578,7 @@ impl LedgerDesk {
             &idempotency_key,
             started,
         );
-        self.observe_settled(&seen, status.as_str(), fencing_token, Some(&settled))
+        self.observe_settled(&seen, status.as_str(), Some(&settled))
             .await;
         Ok(settled)
     }
@@ -482,9 +596,24 @@ impl LedgerDesk {
             idempotency_key,
             applied,
             result_json,
+            fencing_token,
         } = req;
         let principal = self.principal(&auth)?;
         check_key(&idempotency_key)?;
+        // Without the holder's token, only a caller granted `reconcile` for
+        // this tenant may settle another executor's attempt.
+        let principal = principal.and_then(|p| {
+            if fencing_token == 0 && !auth.reconcile_tenants.allows(&p.tenant_id) {
+                Err(Envelope::new(
+                    ErrorCode::Forbidden,
+                    "reconciling without the attempt's fencing token needs a `reconcile` grant \
+                     for this tenant; nothing was changed",
+                )
+                .with("reason", "reconcile_not_granted"))
+            } else {
+                Ok(p)
+            }
+        });
         let verdict = if applied {
             let (result_json, result) = self.result(result_json)?;
             Verdict::Applied {
@@ -502,6 +631,7 @@ impl LedgerDesk {
                         tenant_id: p.tenant_id.clone(),
                         idempotency_key: idempotency_key.clone(),
                     },
+                    holder_token: (fencing_token != 0).then_some(fencing_token),
                     verdict,
                     now: self.clock.now_ms(),
                     outputs: self.outputs(),
@@ -521,7 +651,7 @@ impl LedgerDesk {
             started,
         );
         let reported = if applied { "applied" } else { "not_applied" };
-        self.observe_settled(&seen, reported, 0, settled.as_ref())
+        self.observe_settled(&seen, reported, settled.as_ref())
             .await;
         Ok(settled)
     }
@@ -564,7 +694,6 @@ impl LedgerDesk {
             outcome: answer.outcome.as_str(),
             state,
             code,
-            fencing_token: answer.fencing_token,
             attempt: answer.attempt,
             ..self.ledger_audit(seen, tool, arguments_sha256)
         };
@@ -576,7 +705,6 @@ impl LedgerDesk {
         &self,
         seen: &Seen<'_>,
         reported: &'static str,
-        fencing_token: u64,
         settled: Option<&Settled>,
     ) {
         let record = settled.and_then(|s| s.record.as_ref());
@@ -600,7 +728,6 @@ impl LedgerDesk {
                 .and_then(|s| s.state)
                 .map_or("", ExecutionState::as_str),
             code,
-            fencing_token,
             attempt,
             ..self.ledger_audit(seen, tool, sha)
         };
@@ -628,7 +755,6 @@ impl LedgerDesk {
             outcome: "",
             state: "",
             code: "",
-            fencing_token: 0,
             attempt: 0,
         }
     }

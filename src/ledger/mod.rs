@@ -5,7 +5,8 @@
 //! database transaction: it reads the record of `(tenant, idempotency key)`,
 //! calls [`Transition::apply`] with it and a fresh fencing token, writes the
 //! [`Write`] that comes back (an update only if the record is still at the
-//! revision it read) and commits. Every rule of §5 lives in this module,
+//! revision it read) and commits (SQLite commits a group of transitions
+//! at once, each under its own savepoint: the same serial order). Every rule of §5 lives in this module,
 //! once; the backends (SQLite and PostgreSQL) hold none. This module and
 //! `transitions` must not do IO, log, or know about gRPC; [`desk`] is the
 //! IO side, what executors call.
@@ -27,10 +28,23 @@
 //!   UNKNOWN and IN_PROGRESS (live lease or not) are kept however old, still
 //!   answering RECONCILE_REQUIRED, until reconciled: a call that may have run
 //!   is never ACQUIRED again.
-//! - **Fencing tokens** come from one store-wide counter, so they strictly
-//!   increase over every acquisition of every key (the first attempt, a retry
-//!   after FAILED_RETRYABLE): a token from an earlier life of a key, before
-//!   retention collected it, can never match a later one.
+//! - **Fencing tokens** are secrets: each acquisition (the first attempt, a
+//!   retry after FAILED_RETRYABLE) draws a fresh random 63-bit token
+//!   ([`fresh_fencing_token`]), stored with the attempt and told only to the
+//!   executor that acquired it. The attempt number is the monotonic fence;
+//!   the token proves who holds it. A completion, or a reconciliation that
+//!   names a token, whose token is not the record's current one is
+//!   `lease_lost`: a token of an earlier attempt, or of an earlier life of
+//!   the key before retention collected it, matches with probability 2^-63,
+//!   and another executor of the tenant cannot guess the holder's.
+//! - **A record belongs to a decision**: `BeginExecution` needs the
+//!   execution ticket of an ALLOW decision of the same tenant, subject, key,
+//!   hash and tool ([`TicketKeys`]); `Authorize` with `begin_execution`
+//!   begins under its own decision. Without one nothing is read or written.
+//! - **Reconciling** needs the holder's token (the executor that reported
+//!   UNKNOWN, or whose lease expired) or the caller's `reconcile` grant; a
+//!   reconciliation without a token is checked by the desk, one with a token
+//!   by [`Reconcile`] itself.
 //! - **A completion after its lease expired** is accepted if its token is
 //!   still current and the record still IN_PROGRESS. An expired lease hands
 //!   the key to nobody (Begin answers RECONCILE_REQUIRED, never ACQUIRED), so
@@ -61,8 +75,11 @@
 //!   is acknowledged, one settled otherwise is `lease_lost`.
 
 pub mod desk;
+mod ticket;
 mod transitions;
 
+#[cfg(test)]
+mod model_check;
 #[cfg(test)]
 mod tests;
 
@@ -70,6 +87,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub use ticket::{KEY_BYTES, TicketClaims, TicketKey, TicketKeys, TicketRefusal};
 pub use transitions::{
     Begin, BeginAnswer, BeginOutcome, Complete, Completion, Reconcile, RecordSummary, Settled,
     Verdict,
@@ -79,13 +97,22 @@ use crate::clock::UnixMillis;
 use crate::envelope::Envelope;
 use crate::tools::Violation;
 
+/// A fresh fencing token: random, 63 bits (it fits a signed 64-bit
+/// column), never 0.
+///
+/// # Errors
+/// When the operating system has no randomness to give.
+pub fn fresh_fencing_token() -> Result<u64, getrandom::Error> {
+    Ok((getrandom::u64()? >> 1).max(1))
+}
+
 /// The longest `retry_after_ms` an IN_PROGRESS answer suggests, however
 /// long the lease: polling once a second is cheap, and the holder may
 /// finish long before its lease ends.
 pub const MAX_RETRY_AFTER_MS: u64 = 1_000;
 
 /// Where an operation is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ExecutionState {
     InProgress,
     Succeeded,
@@ -142,7 +169,7 @@ impl ExecutionState {
 /// An error as the ledger keeps it: one of ours (an [`Envelope`] copied
 /// with its fixed row) or the executor's own report of a failure, whose
 /// code may be any string the executor uses.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RecordedError {
     pub code: String,
     pub category: String,
@@ -180,7 +207,7 @@ pub struct ExecutionId {
 }
 
 /// One operation's record.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ExecutionRecord {
     pub tenant_id: String,
     pub idempotency_key: String,
@@ -191,7 +218,7 @@ pub struct ExecutionRecord {
     pub attempt: u32,
     /// The retry budget, fixed when the operation began.
     pub max_attempts: u32,
-    /// The token of the latest acquisition.
+    /// The secret token of the latest acquisition.
     pub fencing_token: u64,
     /// When the latest acquisition's lease ends.
     pub lease_expires_at: UnixMillis,
@@ -251,11 +278,8 @@ pub trait Transition: Send + 'static {
     fn id(&self) -> &ExecutionId;
 
     /// The answer and the write, given the record as it is now (`None`:
-    /// absent) and `next_token`, a fencing token greater than every token
-    /// the store ever issued. A store may count `next_token` as issued
-    /// only if the written record carries it (SQLite's counter) or always
-    /// (PostgreSQL's sequence, which may skip values); it never issues it
-    /// twice.
+    /// absent) and `next_token`, a fresh fencing token
+    /// ([`fresh_fencing_token`]) that an acquisition stores and hands out.
     fn apply(&self, current: Option<&ExecutionRecord>, next_token: u64) -> (Self::Answer, Write);
 }
 
@@ -283,6 +307,8 @@ pub struct LedgerConfig {
     pub collect_interval: Duration,
     /// How many records one collecting transaction deletes at most.
     pub collect_batch: usize,
+    /// How long an execution ticket of an ALLOW decision stays valid.
+    pub ticket_ttl: Duration,
 }
 
 impl Default for LedgerConfig {
@@ -294,6 +320,7 @@ impl Default for LedgerConfig {
             retention: Duration::from_secs(24 * 3600),
             collect_interval: Duration::from_secs(60),
             collect_batch: 500,
+            ticket_ttl: Duration::from_secs(5 * 60),
         }
     }
 }

@@ -375,6 +375,7 @@ fn a_repeated_completion_is_acknowledged_and_a_different_one_is_lease_lost() {
 fn reconcile(verdict: Verdict, now: UnixMillis) -> Reconcile {
     Reconcile {
         id: id(),
+        holder_token: None,
         verdict,
         now,
         outputs: outputs(),
@@ -465,6 +466,28 @@ fn reconciling_a_settled_record_is_acknowledged_or_lease_lost() {
     assert_eq!(a.unwrap().error, None);
     let (a, _) = reconcile(applied(r#"{"refund_id":"re_1"}"#), NOW).apply(Some(&failed), TOKEN);
     assert_eq!(code(a.unwrap().error.as_ref()), "lease_lost");
+}
+
+#[test]
+fn a_reconciler_naming_a_token_must_hold_the_current_one() {
+    let mut r = record(ExecutionState::Unknown);
+    r.fencing_token = 7;
+    let stale = Reconcile {
+        holder_token: Some(8),
+        ..reconcile(Verdict::NotApplied, NOW)
+    };
+    let (a, w) = stale.apply(Some(&r), TOKEN);
+    assert_eq!(w, Write::Nothing);
+    let a = a.unwrap();
+    assert_eq!(code(a.error.as_ref()), "lease_lost");
+    assert_eq!(a.state, Some(ExecutionState::Unknown));
+    let holder = Reconcile {
+        holder_token: Some(7),
+        ..reconcile(Verdict::NotApplied, NOW)
+    };
+    let (a, w) = holder.apply(Some(&r), TOKEN);
+    assert_eq!(a.unwrap().error, None);
+    assert_eq!(w.record().unwrap().state, ExecutionState::FailedRetryable);
 }
 
 #[test]

@@ -450,6 +450,9 @@ pub enum Verdict {
 #[derive(Debug, Clone)]
 pub struct Reconcile {
     pub id: ExecutionId,
+    /// The fencing token the reconciler holds; `None`: it reconciles by its
+    /// `reconcile` grant, which the desk checked.
+    pub holder_token: Option<u64>,
     pub verdict: Verdict,
     pub now: UnixMillis,
     pub outputs: Arc<dyn OutputSchemas>,
@@ -467,6 +470,9 @@ impl Transition for Reconcile {
         let Some(r) = current else {
             return (None, Write::Nothing);
         };
+        if self.holder_token.is_some_and(|t| t != r.fencing_token) {
+            return (Some(lease_lost(Some(r), "stale_token")), Write::Nothing);
+        }
         let (state, result_json, error) = match (&self.verdict, r.state) {
             (_, ExecutionState::InProgress) if r.lease_live(self.now) => {
                 let e = Envelope::new(

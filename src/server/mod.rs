@@ -2,7 +2,8 @@
 //!
 //! [`build`] assembles the object graph — the live policy set, the store,
 //! metrics, the audit log, the approvals hub, the principal rule, and the
-//! four desks (decisions, approvals, ledger, entities) — and [`serve`] runs it: the
+//! four desks (decisions, approvals, ledger, entities) with the doors onto
+//! them (AuthZEN, the approval console) — and [`serve`] runs it: the
 //! background jobs of the domain (approval expiry, ledger retention, policy
 //! reloads, other replicas' approval events, the store probe) for as long
 //! as the gRPC server and the metrics endpoint answer, then the audit log's
@@ -29,10 +30,15 @@ use crate::audit::{Audit, AuditError};
 use crate::authzen::desk::{AuthzenDesk, AuthzenParts};
 use crate::clock::Clock;
 use crate::config::{Config, ListenAddr};
+use crate::console::desk::ConsoleDesk;
 use crate::decision::{AuthorizerParts, ToolCallAuthorizer};
 use crate::entities::desk::{EntityDesk, EntityDeskParts};
+use crate::ext_authz::desk::{ExtAuthzDesk, ExtAuthzParts};
 use crate::grpc::{self, Listener, ServeError, TlsPem};
-use crate::identity::{IdentityVerifier, Principals, TokenError, TokenVerifier};
+use crate::identity::{
+    IdentityVerifier, KeySource, Principals, RemoteKeySet, RemoteKeysError, TokenError,
+    TokenVerifier, VerifierConfig,
+};
 use crate::ledger::desk::{LedgerDesk, LedgerParts};
 use crate::metrics::Metrics;
 use crate::policy::{LoadErrors, PolicyReloader};
@@ -58,6 +64,8 @@ pub enum ServerError {
         #[source]
         source: TokenError,
     },
+    #[error("loading the identity provider's key set: {0}")]
+    RemoteKeys(#[from] RemoteKeysError),
     #[error("reading `{}`: {source}", .path.display())]
     Read {
         path: PathBuf,
@@ -95,6 +103,10 @@ pub struct Services {
     pub entities: Arc<EntityDesk>,
     /// The AuthZEN door (DESIGN §11.1), on the same pipeline.
     pub authzen: Arc<AuthzenDesk>,
+    /// The Envoy ext_authz door (DESIGN §11.2), on the same pipeline.
+    pub ext_authz: Arc<ExtAuthzDesk>,
+    /// The approval console (DESIGN §12), a door onto the approval desk.
+    pub console: Arc<ConsoleDesk>,
     jobs: jobs::Schedule,
 }
 
@@ -130,7 +142,7 @@ pub async fn assemble(
     // Before anything is served: a scrape never misses the policy series.
     metrics.watch_policies(Arc::clone(&policies) as Arc<dyn crate::metrics::PolicyGauges>);
     let audit = Arc::new(Audit::start(&config.audit, Arc::clone(&metrics))?);
-    let verifier = verifier(config)?;
+    let (verifier, approver_verifier) = verifiers(config).await?;
     let events = Arc::new(ApprovalEvents::default().with_metrics(Arc::clone(&metrics)));
     // Decisions and the ledger establish principals alike.
     let principals = Principals::new(verifier.clone(), config.require_identity_token);
@@ -157,6 +169,10 @@ pub async fn assemble(
         audit: Arc::clone(&audit),
         metrics: Arc::clone(&metrics),
     }));
+    // The execution tickets' key: made on the database's first start,
+    // shared by every replica of it; a store that cannot give it fails the
+    // start rather than the first Authorize.
+    ledger.ticket_keys().await?;
     let entities = Arc::new(EntityDesk::new(EntityDeskParts {
         engine: Arc::clone(&engine),
         store: Arc::clone(&store),
@@ -166,14 +182,23 @@ pub async fn assemble(
         limits: config.authorizer.entity_store,
         decoding: config.authorizer.entity_limits,
     }));
+    let ext_authz = Arc::new(ExtAuthzDesk::new(ExtAuthzParts {
+        authorizer: Arc::clone(&authorizer),
+        audit: Arc::clone(&audit),
+        verifier: verifier.clone(),
+        clock: Arc::clone(&clock),
+        config: config.ext_authz.clone(),
+        argument_limits: config.authorizer.limits,
+    }));
     let approvals = Arc::new(ApprovalDesk::new(ApprovalDeskParts {
         engine,
         store: Arc::clone(&store),
         clock,
-        verifier,
+        verifier: approver_verifier,
         events: Arc::clone(&events),
         audit: Arc::clone(&audit),
         metrics: Arc::clone(&metrics),
+        max_watches_per_caller: config.max_watches_per_caller,
     }));
     let authzen = Arc::new(AuthzenDesk::new(AuthzenParts {
         authorizer: Arc::clone(&authorizer),
@@ -183,6 +208,10 @@ pub async fn assemble(
         require_identity_token: config.require_identity_token,
         tls: config.tls.is_some(),
     }));
+    let console = Arc::new(ConsoleDesk::new(
+        Arc::clone(&approvals),
+        config.console.clone(),
+    ));
     Ok(Services {
         policies,
         store,
@@ -194,6 +223,8 @@ pub async fn assemble(
         ledger,
         entities,
         authzen,
+        ext_authz,
+        console,
         jobs: jobs::Schedule {
             approval_expiry: config.approval_expiry_interval,
             reload: config.reload,
@@ -202,20 +233,58 @@ pub async fn assemble(
     })
 }
 
-/// The identity-token verifier of `config`, if it names a key set.
-fn verifier(config: &Config) -> Result<Option<Arc<dyn IdentityVerifier>>, ServerError> {
-    let Some(path) = &config.jwks_file else {
-        tracing::warn!("no jwks_file: every ApprovalService call will be refused as unauthorized");
-        return Ok(None);
+/// The executors' and the approvers' verifiers, when a key set is configured.
+type Verifiers = (
+    Option<Arc<dyn IdentityVerifier>>,
+    Option<Arc<dyn IdentityVerifier>>,
+);
+
+/// The identity-token verifiers of `config`, if it names a key set (a file,
+/// or the identity provider's URL): the executors' (Authorize, the ledger)
+/// and the approvers' (ApprovalService). They share the keys, so a rotation
+/// reaches both; with `[identity] approver_audience` the approvers' accepts
+/// only tokens of that audience, so a token an executor forwards cannot
+/// decide or read approvals.
+async fn verifiers(config: &Config) -> Result<Verifiers, ServerError> {
+    let keys: Arc<dyn KeySource> = match (&config.jwks_file, &config.jwks_remote) {
+        (Some(path), _) => {
+            let verifier = TokenVerifier::from_jwks_file(path, VerifierConfig::default()).map_err(
+                |source| ServerError::KeySet {
+                    path: path.clone(),
+                    source,
+                },
+            )?;
+            return Ok(pair(&verifier, config));
+        }
+        (None, Some(remote)) => {
+            let set = RemoteKeySet::start(remote).await?;
+            tracing::info!(jwks_url = %set.url(), "identity key set fetched");
+            set
+        }
+        (None, None) => {
+            tracing::warn!(
+                "no jwks_file: every ApprovalService call will be refused as unauthorized"
+            );
+            return Ok((None, None));
+        }
     };
-    let verifier =
-        TokenVerifier::from_jwks_file(path, config.verifier.clone()).map_err(|source| {
-            ServerError::KeySet {
-                path: path.clone(),
-                source,
-            }
-        })?;
-    Ok(Some(Arc::new(verifier)))
+    Ok(pair(
+        &TokenVerifier::with_keys(keys, VerifierConfig::default()),
+        config,
+    ))
+}
+
+/// The executors' and the approvers' verifiers over the keys of `keys`.
+fn pair(keys: &TokenVerifier, config: &Config) -> Verifiers {
+    let executors = keys.sharing_keys(config.verifier.clone());
+    let approvers = keys.sharing_keys(VerifierConfig {
+        audience: config
+            .approver_audience
+            .clone()
+            .or_else(|| config.verifier.audience.clone()),
+        ..config.verifier.clone()
+    });
+    (Some(Arc::new(executors)), Some(Arc::new(approvers)))
 }
 
 /// The sockets a sidecar serves on, bound before it is built so that a
@@ -303,6 +372,7 @@ pub async fn serve(
         cors_origins: config.cors_origins.clone(),
         drain: config.drain,
         grace: config.grace,
+        limits: config.listener_limits,
     };
     if options.access == AccessPolicy::Open {
         tracing::warn!(
@@ -343,6 +413,8 @@ pub async fn serve(
     let handlers = grpc::Handlers {
         authorizer: Arc::clone(&services.authorizer),
         authzen: Arc::clone(&services.authzen),
+        ext_authz: Arc::clone(&services.ext_authz),
+        console: Arc::clone(&services.console),
         mcp_mapping: crate::authzen::declared_mapping(&config.authzen, &config.verifier.claims),
         approvals: Arc::clone(&services.approvals),
         ledger: Arc::clone(&services.ledger),

@@ -22,11 +22,15 @@ mod entity_suite;
 #[cfg(test)]
 mod gateway_suite;
 #[cfg(test)]
+mod machine_suite;
+#[cfg(test)]
 mod suite;
 
 pub use open::open;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
+// The answers of the approval calls are the approval rules' own types.
+pub use crate::approvals::{ApprovalDecision, ApprovalUse, DecideOutcome, GatewayApproval};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +41,7 @@ use crate::approvals::{ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApprov
 use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{
-    self, BeginAnswer, Collect, ExecutionRecord, ExecutionState, RecordedError, Settled,
+    self, BeginAnswer, Collect, ExecutionRecord, ExecutionState, RecordedError, Settled, TicketKey,
 };
 use crate::tools::Risk;
 
@@ -78,6 +82,8 @@ pub enum StoreError {
     Timeout { ms: u128 },
     #[error("the transaction conflicted with concurrent ones {tries} times; retry")]
     Contended { tries: u32 },
+    #[error("the operating system gave no randomness")]
+    Random,
     #[error("too many approvals are pending ({})", .0.as_str())]
     PendingLimit(crate::approvals::PendingScope),
 }
@@ -117,54 +123,6 @@ impl StoreSettings {
     pub fn call_bound(&self) -> Duration {
         self.connect_timeout.saturating_add(self.statement_timeout)
     }
-}
-
-/// The result of trying to consume an approval for one operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ApprovalUse {
-    /// Now bound to this idempotency key (or already was: a retry).
-    /// `first` is true for the call that consumed it.
-    Consumed { first: bool },
-    /// Already consumed by another idempotency key.
-    ConsumedByOther,
-    /// No longer approved and unexpired.
-    NotUsable,
-}
-
-/// What a gateway call that names no approval finds (DESIGN §11.3): the
-/// approvals bound to its call minus the request id, in this order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GatewayApproval {
-    /// An APPROVED, unexpired approval, now bound to the call's idempotency
-    /// key (`first`: the oldest unconsumed one), or already bound to it (a
-    /// retry of the same operation). The record shows the binding.
-    Consumed { record: ApprovalRecord, first: bool },
-    /// A PENDING, unexpired one (the oldest): the call waits for it.
-    Pending(ApprovalRecord),
-    /// The latest one was REJECTED and has not expired.
-    Rejected(ApprovalRecord),
-    /// None of those: a new PENDING approval, created from the request.
-    Requested(ApprovalRecord),
-}
-
-/// A human's decision, to record on a PENDING approval.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApprovalDecision {
-    pub approve: bool,
-    pub decided_by: String,
-    pub reason: String,
-    pub decided_at: UnixMillis,
-    /// When an approved one stops being usable (the contract's TTL from now).
-    pub approved_expires_at: UnixMillis,
-}
-
-/// What recording a decision did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DecideOutcome {
-    Decided(ApprovalRecord),
-    /// Somebody decided first (or it expired): the first decision wins.
-    AlreadyDecided(ApprovalRecord),
-    NotFound,
 }
 
 /// Counts one tenant's PENDING, unexpired approvals: of the subject `?2`
@@ -227,6 +185,18 @@ fn signed(v: u64) -> Result<i64, StoreError> {
 
 fn stored_unsigned(v: i64) -> Result<u64, StoreError> {
     u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{v} is negative")))
+}
+
+/// A stored ticket key.
+fn stored_ticket_key(version: i64, secret: &[u8]) -> Result<TicketKey, StoreError> {
+    let version = u32::try_from(version)
+        .map_err(|_| StoreError::Corrupt(format!("ticket key version {version}")))?;
+    let secret = secret.try_into().map_err(|_| {
+        StoreError::Corrupt(format!(
+            "ticket key {version} has a secret of the wrong size"
+        ))
+    })?;
+    Ok(TicketKey { version, secret })
 }
 
 fn stored_risk(s: &str) -> Result<Risk, StoreError> {
@@ -366,11 +336,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ///    interleave with (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: `SELECT …
     ///    FOR UPDATE`, an insert racing another insert retried), read the
     ///    record of the step's tenant and key;
-    /// 2. call [`ledger::Transition::apply`] with it and a fencing token
-    ///    greater than every token the store ever issued (SQLite: a
-    ///    store-wide counter, moved only if the written record carries the
-    ///    token; PostgreSQL: a SEQUENCE read after the row lock, which may
-    ///    skip values but never repeats or goes back);
+    /// 2. call [`ledger::Transition::apply`] with it and a fresh fencing
+    ///    token ([`ledger::fresh_fencing_token`]: random, 63 bits, never 0;
+    ///    the record's attempt number is the monotonic fence, the token the
+    ///    holder's secret);
     /// 3. write the [`ledger::Write`] it returns (an update only if the record
     ///    is still at `previous_revision`, else [`StoreError::Conflict`]),
     ///    commit, and return the answer.
@@ -378,6 +347,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// [`StoreError`] when the database fails; nothing is then written.
     async fn begin_execution(&self, step: ledger::Begin) -> Result<BeginAnswer, StoreError>;
+
+    /// The ticket keys of this database, newest last: if it holds none
+    /// yet, `candidate` is stored first as version 1 (one insert that a
+    /// concurrent first start of another replica cannot duplicate: whoever
+    /// inserts first wins, and both read the winner's key).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn ticket_keys(&self, candidate: TicketKey) -> Result<Vec<TicketKey>, StoreError>;
 
     /// Runs a ledger completion in one transaction, like [`Store::begin_execution`].
     ///

@@ -1,10 +1,13 @@
 //! The embedded SQLite backend (the default): one file, WAL journal, every
-//! transition one `BEGIN IMMEDIATE` transaction.
+//! write in a `BEGIN IMMEDIATE` transaction; ledger transitions are
+//! committed in groups, several per transaction ([`group`]).
 //!
 //! `BEGIN IMMEDIATE` takes the database's write lock before the first read,
 //! so a ledger transition reads and writes a record with no other writer in
 //! between, whether the other writer is this process or another one with
-//! the same file open: that is what makes a Begin exactly-once.
+//! the same file open: that is what makes a Begin exactly-once. A decision
+//! and a consumption of an approval are run the same way: the record read,
+//! the pure rule of [`crate::approvals::machine`] applied, its write made.
 
 mod entities;
 
@@ -19,12 +22,15 @@ use super::{
     GatewayApproval, Store, StoreError, collectable_states_sql, error_to_json, signed,
     stored_error, stored_risk, stored_state, stored_status, stored_unsigned,
 };
-use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval};
+use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval, machine};
 use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
-use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled, Transition, Write};
+use crate::ledger::{
+    self, BeginAnswer, Collect, ExecutionRecord, Settled, TicketKey, Transition, Write,
+};
 
 mod gateway;
+mod group;
 
 /// Versioned migrations; index + 1 is the schema version they produce.
 const MIGRATIONS: &[&str] = &[
@@ -94,16 +100,32 @@ CREATE INDEX approvals_by_call ON approvals
 ",
     // The entity store (DESIGN §11.6).
     entities::MIGRATION,
+    // Execution tickets' keys (DESIGN §5, a record belongs to a decision);
+    // fencing tokens are random secrets now, so the counter goes.
+    LEDGER_SECRETS,
 ];
+
+/// Migration 6: the ticket keys, versioned for rotation; the fencing
+/// counter is gone (tokens are random, the attempt is the fence).
+const LEDGER_SECRETS: &str = r"
+CREATE TABLE ledger_ticket_keys (
+    version INTEGER PRIMARY KEY CHECK (version >= 1),
+    secret BLOB NOT NULL CHECK (length(secret) = 32),
+    created_at INTEGER NOT NULL
+);
+DROP TABLE ledger_fencing;
+";
 
 /// The whole call an approval is bound to (DESIGN §4), parameters ?1–?7.
 const SAME_CALL: &str = "tenant_id = ?1 AND requester_subject_id = ?2 AND tool = ?3 AND tool_version = ?4 \
      AND risk = ?5 AND arguments_sha256 = ?6 AND request_id = ?7";
 
-/// SQLite behind a mutex; calls run on tokio's blocking pool.
+/// SQLite behind a mutex; calls run on tokio's blocking pool, and ledger
+/// transitions are committed in groups ([`group`]).
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
+    ledger: Arc<group::Queue>,
 }
 
 impl SqliteStore {
@@ -130,6 +152,7 @@ impl SqliteStore {
         migrate(&mut conn)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
+            ledger: Arc::default(),
         })
     }
 
@@ -244,6 +267,22 @@ fn execution_from_row(row: &Row<'_>) -> rusqlite::Result<Result<ExecutionRecord,
     }))
 }
 
+fn read_approval(
+    conn: &Connection,
+    tenant_id: &str,
+    approval_id: &str,
+) -> Result<Option<ApprovalRecord>, StoreError> {
+    conn.query_row(
+        &format!(
+            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ?1 AND approval_id = ?2"
+        ),
+        params![tenant_id, approval_id],
+        approval_from_row,
+    )
+    .optional()?
+    .transpose()
+}
+
 fn read_execution(
     conn: &Connection,
     tenant_id: &str,
@@ -261,19 +300,23 @@ fn read_execution(
 }
 
 /// One ledger transition in one `BEGIN IMMEDIATE` transaction (see
-/// [`Store::begin_execution`] for the protocol).
+/// [`Store::begin_execution`] for the protocol); the served path batches
+/// them instead ([`group`]).
+#[cfg(test)]
 fn transition<T: Transition>(conn: &mut Connection, step: &T) -> Result<T::Answer, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let answer = apply_transition(&tx, step)?;
+    tx.commit()?;
+    Ok(answer)
+}
+
+/// One ledger transition inside the caller's write transaction (or a
+/// savepoint of it): read the record, apply the server's own rule, write.
+/// The caller commits; nothing here is visible before it does.
+fn apply_transition<T: Transition>(tx: &Connection, step: &T) -> Result<T::Answer, StoreError> {
     let id = step.id();
-    let current = read_execution(&tx, &id.tenant_id, &id.idempotency_key)?;
-    let last_token: i64 = tx.query_row(
-        "SELECT last_token FROM ledger_fencing WHERE singleton = 1",
-        [],
-        |r| r.get(0),
-    )?;
-    let next_token = u64::try_from(last_token)
-        .map_err(|_| StoreError::Corrupt("the fencing counter is negative".into()))?
-        .saturating_add(1);
+    let current = read_execution(tx, &id.tenant_id, &id.idempotency_key)?;
+    let next_token = ledger::fresh_fencing_token().map_err(|_| StoreError::Random)?;
     let (answer, write) = step.apply(current.as_ref(), next_token);
     let row = |r: &ExecutionRecord| -> Result<_, StoreError> {
         Ok((
@@ -341,17 +384,24 @@ fn transition<T: Transition>(conn: &mut Connection, step: &T) -> Result<T::Answe
             }
         }
     }
-    if write
-        .record()
-        .is_some_and(|r| r.fencing_token == next_token)
-    {
-        tx.execute(
-            "UPDATE ledger_fencing SET last_token = ?1 WHERE singleton = 1",
-            params![signed(next_token)?],
-        )?;
-    }
-    tx.commit()?;
     Ok(answer)
+}
+
+/// Marks EXPIRED the PENDING approvals of exactly `new`'s call whose
+/// expiry has come (a pending approval past its expiry is no longer
+/// pending), the first step of every call that may create an approval
+/// (`approvals::machine`, `Approvals::pending_for_call` and
+/// `Approvals::gateway`).
+fn lapse_pending_of_call(
+    tx: &rusqlite::Transaction<'_>,
+    new: &NewApproval,
+    now: UnixMillis,
+) -> Result<(), StoreError> {
+    tx.execute(
+        &format!("UPDATE approvals SET status = 'EXPIRED' WHERE status = 'PENDING' AND expires_at <= ?8 AND {SAME_CALL}"),
+        params![new.tenant_id, new.requester_subject_id, new.tool, new.tool_version, new.risk.as_str(), new.arguments_sha256, new.request_id, now],
+    )?;
+    Ok(())
 }
 
 /// The PENDING, unexpired approval bound to exactly this call, else a new
@@ -362,11 +412,7 @@ fn pending_in(
     new: NewApproval,
     now: UnixMillis,
 ) -> Result<(ApprovalRecord, bool), StoreError> {
-    // A pending approval past its expiry is no longer pending.
-    tx.execute(
-        &format!("UPDATE approvals SET status = 'EXPIRED' WHERE status = 'PENDING' AND expires_at <= ?8 AND {SAME_CALL}"),
-        params![new.tenant_id, new.requester_subject_id, new.tool, new.tool_version, new.risk.as_str(), new.arguments_sha256, new.request_id, now],
-    )?;
+    lapse_pending_of_call(tx, &new, now)?;
     let existing = tx
         .query_row(
             &format!(
@@ -440,18 +486,18 @@ fn pending_in(
 #[async_trait]
 impl Store for SqliteStore {
     async fn begin_execution(&self, step: ledger::Begin) -> Result<BeginAnswer, StoreError> {
-        self.with(move |conn| transition(conn, &step)).await
+        group::run(&self.conn, &self.ledger, step).await
     }
 
     async fn complete_execution(&self, step: ledger::Complete) -> Result<Settled, StoreError> {
-        self.with(move |conn| transition(conn, &step)).await
+        group::run(&self.conn, &self.ledger, step).await
     }
 
     async fn reconcile_execution(
         &self,
         step: ledger::Reconcile,
     ) -> Result<Option<Settled>, StoreError> {
-        self.with(move |conn| transition(conn, &step)).await
+        group::run(&self.conn, &self.ledger, step).await
     }
 
     async fn get_execution(
@@ -482,6 +528,29 @@ impl Store for SqliteStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.with(|conn| Ok(conn.query_row("SELECT 1", [], |_| Ok(()))?))
             .await
+    }
+
+    async fn ticket_keys(&self, candidate: TicketKey) -> Result<Vec<TicketKey>, StoreError> {
+        self.with(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
+                "INSERT INTO ledger_ticket_keys (version, secret, created_at) \
+                 SELECT 1, ?1, CAST(strftime('%s', 'now') AS INTEGER) * 1000 \
+                 WHERE NOT EXISTS (SELECT 1 FROM ledger_ticket_keys)",
+                params![candidate.secret.as_slice()],
+            )?;
+            let mut stmt =
+                tx.prepare("SELECT version, secret FROM ledger_ticket_keys ORDER BY version")?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))?
+                .collect::<Result<Vec<_>, _>>()?;
+            drop(stmt);
+            tx.commit()?;
+            rows.iter()
+                .map(|(version, secret)| super::stored_ticket_key(*version, secret))
+                .collect()
+        })
+        .await
     }
 
     async fn pending_approval_for_call(
@@ -522,35 +591,21 @@ impl Store for SqliteStore {
             idempotency_key.to_owned(),
         );
         self.with(move |conn| {
+            // Read, apply the rule, write: inside BEGIN IMMEDIATE nobody
+            // consumes or decides it in between.
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let first = tx.execute(
-                "UPDATE approvals SET consumed_by_idempotency_key = ?3 WHERE tenant_id = ?1 AND approval_id = ?2 \
-                 AND status = 'APPROVED' AND expires_at > ?4 AND consumed_by_idempotency_key IS NULL",
-                params![tenant_id, approval_id, key, now],
-            )?;
-            let again = if first == 1 {
-                0
-            } else {
-                tx.query_row(
-                    "SELECT COUNT(*) FROM approvals WHERE tenant_id = ?1 AND approval_id = ?2 \
-                     AND status = 'APPROVED' AND expires_at > ?4 AND consumed_by_idempotency_key = ?3",
-                    params![tenant_id, approval_id, key, now],
-                    |r| r.get::<_, i64>(0),
-                )?
-            };
-            let answer = if first == 1 || again == 1 {
-                ApprovalUse::Consumed { first: first == 1 }
-            } else {
-                let other: Option<Option<String>> = tx
-                    .query_row(
-                        "SELECT consumed_by_idempotency_key FROM approvals WHERE tenant_id = ?1 AND approval_id = ?2",
-                        params![tenant_id, approval_id],
-                        |r| r.get(0),
-                    )
-                    .optional()?;
-                match other {
-                    Some(Some(k)) if k != key => ApprovalUse::ConsumedByOther,
-                    _ => ApprovalUse::NotUsable,
+            let answer = match read_approval(&tx, &tenant_id, &approval_id)? {
+                None => ApprovalUse::NotUsable,
+                Some(record) => {
+                    let (answer, write) = machine::consume(&record, &key, now);
+                    if let Some(consumed) = write {
+                        tx.execute(
+                            "UPDATE approvals SET consumed_by_idempotency_key = ?3 \
+                             WHERE tenant_id = ?1 AND approval_id = ?2 AND consumed_by_idempotency_key IS NULL",
+                            params![tenant_id, approval_id, consumed.consumed_by_idempotency_key],
+                        )?;
+                    }
+                    answer
                 }
             };
             tx.commit()?;
@@ -595,39 +650,33 @@ impl Store for SqliteStore {
     ) -> Result<DecideOutcome, StoreError> {
         let (tenant_id, approval_id) = (tenant_id.to_owned(), approval_id.to_owned());
         self.with(move |conn| {
+            // Read, apply the rule (the first decision wins, none after
+            // expiry), write: inside BEGIN IMMEDIATE nobody decides between.
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let status = if d.approve { "APPROVED" } else { "REJECTED" };
-            // The condition on PENDING makes the first decision win.
-            let changed = tx.execute(
-                "UPDATE approvals SET status = ?3, decided_by = ?4, decided_at = ?5, reason = ?6, \
-                 expires_at = CASE WHEN ?3 = 'APPROVED' THEN ?7 ELSE expires_at END \
-                 WHERE tenant_id = ?1 AND approval_id = ?2 AND status = 'PENDING' AND expires_at > ?5",
-                params![
-                    tenant_id,
-                    approval_id,
-                    status,
-                    d.decided_by,
-                    d.decided_at,
-                    d.reason,
-                    d.approved_expires_at
-                ],
-            )?;
-            let record = tx
-                .query_row(
-                    &format!(
-                        "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ?1 AND approval_id = ?2"
-                    ),
-                    params![tenant_id, approval_id],
-                    approval_from_row,
-                )
-                .optional()?
-                .transpose()?;
-            tx.commit()?;
-            Ok(match record {
+            let outcome = match read_approval(&tx, &tenant_id, &approval_id)? {
                 None => DecideOutcome::NotFound,
-                Some(r) if changed == 1 => DecideOutcome::Decided(r),
-                Some(r) => DecideOutcome::AlreadyDecided(r),
-            })
+                Some(record) => match machine::decide(&record, &d) {
+                    None => DecideOutcome::AlreadyDecided(record),
+                    Some(decided) => {
+                        tx.execute(
+                            "UPDATE approvals SET status = ?3, decided_by = ?4, decided_at = ?5, reason = ?6, \
+                             expires_at = ?7 WHERE tenant_id = ?1 AND approval_id = ?2 AND status = 'PENDING'",
+                            params![
+                                tenant_id,
+                                approval_id,
+                                decided.status.as_str(),
+                                decided.decided_by,
+                                decided.decided_at,
+                                decided.reason,
+                                decided.expires_at
+                            ],
+                        )?;
+                        DecideOutcome::Decided(decided)
+                    }
+                },
+            };
+            tx.commit()?;
+            Ok(outcome)
         })
         .await
     }
@@ -660,16 +709,8 @@ impl Store for SqliteStore {
         approval_id: &str,
     ) -> Result<Option<ApprovalRecord>, StoreError> {
         let (tenant_id, approval_id) = (tenant_id.to_owned(), approval_id.to_owned());
-        self.with(move |conn| {
-            conn.query_row(
-                &format!("SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ?1 AND approval_id = ?2"),
-                params![tenant_id, approval_id],
-                approval_from_row,
-            )
-            .optional()?
-            .transpose()
-        })
-        .await
+        self.with(move |conn| read_approval(conn, &tenant_id, &approval_id))
+            .await
     }
 
     // ---- The entity store (DESIGN §11.6): see `sqlite/entities.rs`.
@@ -770,12 +811,6 @@ mod tests {
         );
         let r = store.get_execution("acme", "k").await.unwrap().unwrap();
         assert_eq!((r.revision, r.fencing_token), (1, first));
-        // Nor was the token counter moved: the next token follows the first.
-        let conn = store.conn.lock().unwrap();
-        let last: i64 = conn
-            .query_row("SELECT last_token FROM ledger_fencing", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(u64::try_from(last).unwrap(), first);
     }
 
     #[tokio::test]
@@ -816,7 +851,7 @@ mod tests {
             .unwrap()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 5);
+        assert_eq!(version, 6);
         assert_eq!(
             store
                 .get_approval("t1", "a1")
@@ -850,8 +885,191 @@ mod tests {
             SqliteStore::open(&path),
             Err(StoreError::SchemaTooNew {
                 found: 99,
-                known: 5
+                known: 6
             })
         ));
+    }
+
+    fn begin_of(key: &str) -> ledger::Begin {
+        ledger::Begin {
+            id: ledger::ExecutionId {
+                tenant_id: "acme".into(),
+                idempotency_key: key.into(),
+            },
+            tool: "refund_order".into(),
+            arguments_sha256: "aa".into(),
+            lease_ms: 60_000,
+            max_attempts: 3,
+            now: 1_000,
+        }
+    }
+
+    /// Holds the store's connection on another thread until told to let go,
+    /// so that transitions queue up behind it.
+    fn hold_connection(
+        store: &SqliteStore,
+    ) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let (held, is_held) = std::sync::mpsc::channel::<()>();
+        let conn = Arc::clone(&store.conn);
+        let holder = std::thread::spawn(move || {
+            let _guard = conn.lock().unwrap();
+            held.send(()).unwrap();
+            // Bounded: a test that fails never leaves the connection held.
+            let _ = released.recv_timeout(std::time::Duration::from_secs(20));
+        });
+        is_held
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap();
+        (release, holder)
+    }
+
+    async fn until_queued(store: &SqliteStore, n: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while store.ledger.waiting() < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "only {} of {n} transitions queued",
+                store.ledger.waiting()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queued_transitions_are_one_commit_in_their_serial_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let (release, holder) = hold_connection(&store);
+        let mut calls = Vec::new();
+        for i in 0..30 {
+            let store = store.clone();
+            calls.push(tokio::spawn(async move {
+                store.begin_execution(begin_of(&format!("k{i}"))).await
+            }));
+        }
+        // Two executors racing for one key inside the same batch.
+        for _ in 0..2 {
+            let store = store.clone();
+            calls.push(tokio::spawn(async move {
+                store.begin_execution(begin_of("dup")).await
+            }));
+        }
+        until_queued(&store, 32).await;
+        assert_eq!(
+            store
+                .ledger
+                .commits
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        let mut outcomes = Vec::new();
+        for call in calls {
+            outcomes.push(call.await.unwrap().unwrap().outcome);
+        }
+        assert_eq!(
+            store
+                .ledger
+                .commits
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        assert!(
+            outcomes[..30]
+                .iter()
+                .all(|o| *o == ledger::BeginOutcome::Acquired)
+        );
+        let mut dup = outcomes[30..].to_vec();
+        dup.sort_by_key(|o| format!("{o:?}"));
+        assert_eq!(
+            dup,
+            [
+                ledger::BeginOutcome::Acquired,
+                ledger::BeginOutcome::InProgress
+            ]
+        );
+        // Committed: another connection to the file reads every record.
+        let other = SqliteStore::open(&dir.path().join("s.db")).unwrap();
+        for i in 0..30 {
+            let r = other
+                .get_execution("acme", &format!("k{i}"))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                (r.state, r.attempt),
+                (ledger::ExecutionState::InProgress, 1)
+            );
+        }
+        let r = other.get_execution("acme", "dup").await.unwrap().unwrap();
+        assert_eq!((r.attempt, r.revision), (1, 1));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_transition_rolls_back_alone_and_the_rest_of_its_batch_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        // A record whose stored error is not JSON: reading it is an error.
+        store
+            .with(|conn| {
+                conn.execute(
+                    &format!(
+                        "INSERT INTO executions ({EXECUTION_COLUMNS}) VALUES \
+                         ('acme', 'bad', 'refund_order', 'aa', 'FAILED_FINAL', 1, 3, 7, 0, NULL, \
+                         'not json', 0, 0, 1)"
+                    ),
+                    [],
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let (release, holder) = hold_connection(&store);
+        let first = {
+            let store = store.clone();
+            tokio::spawn(async move { store.begin_execution(begin_of("before")).await })
+        };
+        until_queued(&store, 1).await;
+        let bad = {
+            let store = store.clone();
+            tokio::spawn(async move { store.begin_execution(begin_of("bad")).await })
+        };
+        until_queued(&store, 2).await;
+        let last = {
+            let store = store.clone();
+            tokio::spawn(async move { store.begin_execution(begin_of("after")).await })
+        };
+        until_queued(&store, 3).await;
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        let bad = bad.await.unwrap().unwrap_err();
+        assert!(matches!(bad, StoreError::Corrupt(_)), "{bad}");
+        for (call, key) in [(first, "before"), (last, "after")] {
+            let answer = call.await.unwrap().unwrap();
+            assert_eq!(answer.outcome, ledger::BeginOutcome::Acquired, "{key}");
+            let r = store.get_execution("acme", key).await.unwrap().unwrap();
+            assert_eq!(r.fencing_token, answer.fencing_token, "{key}");
+        }
+        assert_eq!(
+            store
+                .ledger
+                .commits
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        // The corrupt record is as it was.
+        let text: String = store
+            .with(|conn| {
+                Ok(conn.query_row(
+                    "SELECT error_json FROM executions WHERE idempotency_key = 'bad'",
+                    [],
+                    |row| row.get(0),
+                )?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(text, "not json");
     }
 }

@@ -37,7 +37,8 @@ macro_rules! store_suite {
             exactly_one_acquires_across_connections,
             collection_is_batched_and_spares_live_leases,
             collection_keeps_every_call_that_may_have_run,
-            fencing_tokens_strictly_increase_across_connections,
+            fencing_tokens_are_distinct_secrets_across_connections,
+            ticket_keys_are_made_once_and_shared,
             the_first_decision_wins_and_expiry_sweeps_what_is_due,
             an_approval_is_consumed_by_the_first_key_only,
             the_same_call_gets_the_same_pending_approval_until_it_expires,
@@ -52,6 +53,7 @@ macro_rules! store_suite {
             a_gateway_approval_serves_only_its_own_call,
             a_gateway_call_takes_the_oldest_usable_approval,
             one_approval_runs_one_of_racing_gateway_and_executor_calls,
+            approvals_follow_the_pure_rules,
             entities_are_replaced_read_and_deleted_by_uid,
             entities_of_one_tenant_are_invisible_to_another,
             the_ancestor_walk_is_transitive_and_bounded,
@@ -81,6 +83,7 @@ pub use super::gateway_suite::{
     a_gateway_call_takes_the_oldest_usable_approval,
     one_approval_runs_one_of_racing_gateway_and_executor_calls,
 };
+pub use super::machine_suite::approvals_follow_the_pure_rules;
 
 /// Every result is valid: these tests are about persistence, not schemas.
 #[derive(Debug)]
@@ -179,7 +182,7 @@ pub async fn transitions_round_trip(backend: &dyn Backend) {
         .await
         .unwrap();
     assert_eq!((again.outcome, again.attempt), (BeginOutcome::Acquired, 2));
-    assert!(again.fencing_token > acquired.fencing_token);
+    assert_ne!(again.fencing_token, acquired.fencing_token);
     store
         .complete_execution(complete(
             "k1",
@@ -192,6 +195,7 @@ pub async fn transitions_round_trip(backend: &dyn Backend) {
     let reconciled = store
         .reconcile_execution(Reconcile {
             id: id("acme", "k1"),
+            holder_token: Some(again.fencing_token),
             verdict: Verdict::Applied {
                 result_json: r#"{"refund_id":"re_1"}"#.into(),
                 result: serde_json::json!({"refund_id": "re_1"}),
@@ -252,7 +256,7 @@ pub async fn exactly_one_acquires_across_connections(backend: &dyn Backend) {
         let retry = race(&stores, &key, 1_002).await;
         assert_eq!(retry.len(), 1, "round {round} retry: {retry:?}");
         assert_eq!(retry[0].0, 2);
-        assert!(retry[0].1 > token);
+        assert_ne!(retry[0].1, token);
     }
 }
 
@@ -364,7 +368,7 @@ pub async fn collection_is_batched_and_spares_live_leases(backend: &dyn Backend)
         (reborn.outcome, reborn.attempt),
         (BeginOutcome::Acquired, 1)
     );
-    assert!(reborn.fencing_token > first_token + 26);
+    assert_ne!(reborn.fencing_token, first_token);
     // The holder of the first life's token cannot complete the second.
     let stale = store
         .complete_execution(complete(
@@ -435,9 +439,10 @@ pub async fn collection_keeps_every_call_that_may_have_run(backend: &dyn Backend
     }
 }
 
-/// Tokens drawn on two connections at once are all distinct, and each key's
-/// later acquisition carries a larger token than its earlier one.
-pub async fn fencing_tokens_strictly_increase_across_connections(backend: &dyn Backend) {
+/// Tokens drawn on two connections at once are all distinct secrets (63
+/// bits, never 0), and each key's later acquisition carries a new one (the
+/// attempt number is the fence).
+pub async fn fencing_tokens_are_distinct_secrets_across_connections(backend: &dyn Backend) {
     let stores = [backend.open().await, backend.open().await];
     let mut tasks = Vec::new();
     for i in 0..16 {
@@ -457,18 +462,41 @@ pub async fn fencing_tokens_strictly_increase_across_connections(backend: &dyn B
                 (first.outcome, second.outcome, second.attempt),
                 (BeginOutcome::Acquired, BeginOutcome::Acquired, 2)
             );
-            assert!(second.fencing_token > first.fencing_token, "{key}");
+            assert_ne!(second.fencing_token, first.fencing_token, "{key}");
             [first.fencing_token, second.fencing_token]
         }));
     }
     let mut seen = HashSet::new();
     for t in tasks {
         for token in t.await.unwrap() {
-            assert!(token >= 1);
+            assert!(token >= 1 && i64::try_from(token).is_ok(), "{token}");
             assert!(seen.insert(token), "token {token} issued twice");
         }
     }
     assert_eq!(seen.len(), 32);
+    // Not a counter: 32 consecutive values would all sit below 2^40.
+    assert!(seen.iter().any(|t| *t > 1 << 40), "{seen:?}");
+}
+
+/// The first call stores its candidate as version 1; every later call, on
+/// any connection, gets that key back whatever candidate it brings.
+pub async fn ticket_keys_are_made_once_and_shared(backend: &dyn Backend) {
+    let stores = [backend.open().await, backend.open().await];
+    let first = crate::ledger::TicketKey {
+        version: 1,
+        secret: [1; crate::ledger::KEY_BYTES],
+    };
+    let keys = stores[0].ticket_keys(first.clone()).await.unwrap();
+    assert_eq!(keys, vec![first.clone()]);
+    let other = crate::ledger::TicketKey {
+        version: 1,
+        secret: [2; crate::ledger::KEY_BYTES],
+    };
+    assert_eq!(
+        stores[1].ticket_keys(other.clone()).await.unwrap(),
+        vec![first.clone()]
+    );
+    assert_eq!(stores[0].ticket_keys(other).await.unwrap(), vec![first]);
 }
 
 /// A pending approval of tenant `t1`, due 1 s after `now`.

@@ -490,6 +490,7 @@ async fn every_ledger_transition_is_audited_and_counted() {
         arguments_sha256: decided.arguments_sha256.clone(),
         tool: "refund_order".into(),
         lease_ms: 0,
+        execution_ticket: decided.execution_ticket.clone(),
     };
     let retried = ledger
         .begin_execution(begin_a.clone())
@@ -521,6 +522,7 @@ async fn every_ledger_transition_is_audited_and_counted() {
         .begin_execution(pb::BeginExecutionRequest {
             idempotency_key: key_b.clone(),
             arguments_sha256: decided_b.arguments_sha256.clone(),
+            execution_ticket: decided_b.execution_ticket.clone(),
             ..begin_a.clone()
         })
         .await
@@ -545,6 +547,7 @@ async fn every_ledger_transition_is_audited_and_counted() {
             idempotency_key: key_b.clone(),
             applied: true,
             result_json: result.clone(),
+            fencing_token: begun_b.fencing_token,
         })
         .await
         .unwrap()
@@ -592,6 +595,7 @@ async fn every_ledger_transition_is_audited_and_counted() {
             idempotency_key: "refund_order:nobody".into(),
             applied: false,
             result_json: String::new(),
+            fencing_token: 0,
         })
         .await
         .unwrap_err();
@@ -607,6 +611,18 @@ async fn every_ledger_transition_is_audited_and_counted() {
     }
     let signature = bob.rsplit('.').next().unwrap();
     assert!(!text.contains(signature), "a token reached the audit log");
+    // Nor a fencing token (the holder's secret), nor an execution ticket.
+    for secret in [begun.fencing_token, begun_b.fencing_token] {
+        assert!(
+            !text.contains(&secret.to_string()),
+            "a fencing token reached the audit log"
+        );
+    }
+    let ticket_mac = decided.execution_ticket.rsplit('.').next().unwrap();
+    assert!(
+        !ticket_mac.is_empty() && !text.contains(ticket_mac),
+        "a ticket reached the audit log"
+    );
     let events = audit_lines(&audit_path);
     let kinds: Vec<(&str, &str)> = events
         .iter()
@@ -653,7 +669,6 @@ async fn every_ledger_transition_is_audited_and_counted() {
         "outcome",
         "state",
         "code",
-        "fencing_token",
         "attempt",
         "latency_us",
     ];
@@ -666,10 +681,12 @@ async fn every_ledger_transition_is_audited_and_counted() {
                sha: &str,
                (reported, outcome, state, code): (&str, &str, &str, &str),
                (token, attempt): (u64, u32)| {
+        // The token the call carried is named only to say it is not logged.
+        let _ = token;
         serde_json::json!({
             "decision_id": decision_id, "idempotency_key": key, "arguments_sha256": sha,
             "reported": reported, "outcome": outcome, "state": state, "code": code,
-            "fencing_token": token, "attempt": attempt,
+            "attempt": attempt,
         })
     };
     let (a, b) = (key_a.as_str(), key_b.as_str());

@@ -17,7 +17,7 @@ use toolgate::ledger::LedgerConfig;
 
 use crate::support::{
     Backend, TestServer, agent_bob, auth, bad_request_field, both_backends, request,
-    test_ledger_config,
+    test_ledger_config, ticket_claims,
 };
 
 const T0: i64 = 1_700_000_000_000;
@@ -54,6 +54,8 @@ fn details(e: Option<&pb::ErrorEnvelope>) -> Value {
 struct Executor {
     ledger: LedgerServiceClient<Channel>,
     auth: pb::AuthContext,
+    /// Mints the execution ticket each Begin carries, as Authorize would.
+    desk: std::sync::Arc<toolgate::ledger::desk::LedgerDesk>,
 }
 
 impl Executor {
@@ -65,6 +67,7 @@ impl Executor {
         Self {
             ledger: server.ledger().await,
             auth,
+            desk: std::sync::Arc::clone(&server.ledger_desk),
         }
     }
 
@@ -75,12 +78,18 @@ impl Executor {
         tool: &str,
         lease_ms: u32,
     ) -> Result<pb::BeginExecutionResponse, Status> {
+        let execution_ticket = self
+            .desk
+            .ticket(&ticket_claims(&self.auth, key, sha, tool))
+            .await
+            .unwrap();
         let req = pb::BeginExecutionRequest {
             auth: Some(self.auth.clone()),
             idempotency_key: key.into(),
             arguments_sha256: sha.into(),
             tool: tool.into(),
             lease_ms,
+            execution_ticket,
         };
         self.ledger
             .begin_execution(req)
@@ -134,6 +143,8 @@ impl Executor {
             .await
     }
 
+    /// Reconciles by the caller's grant (the test server's access is open,
+    /// which grants `reconcile` for every tenant): no fencing token.
     async fn reconcile(
         &mut self,
         key: &str,
@@ -145,6 +156,7 @@ impl Executor {
             idempotency_key: key.into(),
             applied,
             result_json: result_json.into(),
+            fencing_token: 0,
         };
         self.ledger
             .reconcile_execution(req)
@@ -314,7 +326,10 @@ async fn a_retryable_failure_is_acquired_again_until_the_budget_then_final(backe
         };
         assert_eq!(failed.state(), expected, "attempt {attempt}");
     }
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    // Each attempt holds a token of its own (random secrets; the attempt
+    // number is the fence).
+    let distinct: std::collections::HashSet<_> = tokens.iter().collect();
+    assert_eq!(distinct.len(), 3, "{tokens:?}");
     // FAILED_FINAL: completed with the executor's stored error, never run again.
     let r = executor.begin(&refund).await;
     assert_eq!(
@@ -425,7 +440,7 @@ async fn stale_fencing_tokens_are_lease_lost_and_change_nothing(backend: Backend
     .await;
     let second = new.begin(&refund).await;
     assert_eq!(second.attempt, 2);
-    assert!(second.fencing_token > first.fencing_token);
+    assert_ne!(second.fencing_token, first.fencing_token);
     let before = new.get(&refund.0).await.unwrap();
 
     // The first attempt's executor reports late, with its old token.
@@ -644,7 +659,7 @@ async fn reconciliation_settles_an_unknown_outcome_both_ways(backend: Backend) {
         (retry.outcome(), retry.attempt),
         (BeginOutcome::Acquired, 2)
     );
-    assert!(retry.fencing_token > r.fencing_token);
+    assert_ne!(retry.fencing_token, r.fencing_token);
     // The first attempt's executor, back from the dead, is told it lost.
     let zombie = executor.succeed(&missed.0, r.fencing_token).await;
     assert_eq!(code(zombie.error.as_ref()), "lease_lost");
@@ -839,6 +854,7 @@ async fn executor_mistakes_are_invalid_argument_with_bad_request_details() {
         arguments_sha256: sha.clone(),
         tool: "refund_order".into(),
         lease_ms: 0,
+        execution_ticket: String::new(),
     };
     let e = anonymous
         .ledger
@@ -1054,6 +1070,9 @@ async fn exactly_one_of_32_concurrent_begins_is_acquired_every_round(backend: Ba
     let started = Instant::now();
     for round in 0..ROUNDS {
         let (key, sha) = op(&format!("contention-{round}"));
+        let ticket = server
+            .ticket(&agent_bob(), &key, &sha, "refund_order")
+            .await;
         let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(EXECUTORS));
         let tasks: Vec<_> = clients
             .iter()
@@ -1066,6 +1085,7 @@ async fn exactly_one_of_32_concurrent_begins_is_acquired_every_round(backend: Ba
                     arguments_sha256: sha.clone(),
                     tool: "refund_order".into(),
                     lease_ms: 60_000,
+                    execution_ticket: ticket.clone(),
                 };
                 tokio::spawn(async move {
                     barrier.wait().await;

@@ -16,7 +16,9 @@ use toolgate::grpc::pb::ledger_service_client::LedgerServiceClient;
 use toolgate::grpc::pb::{self, BeginOutcome, CompletionStatus, ExecutionState};
 
 use crate::sidecar::Sidecar;
-use crate::support::agent_bob;
+use toolgate::ledger::TicketKeys;
+
+use crate::support::{agent_bob, store_ticket_keys, ticket_with};
 
 /// Short, so that the test waits for expiry in seconds; every wait for it is
 /// a bounded poll, never a fixed sleep.
@@ -36,11 +38,14 @@ fn result(name: &str) -> String {
     format!(r#"{{"refund_id":"re_{name}","amount_cents":100}}"#)
 }
 
-fn begin_request(name: &str) -> pb::BeginExecutionRequest {
+/// A Begin of `name`'s operation, with the ticket its ALLOW would carry.
+fn begin_request(name: &str, keys: &TicketKeys) -> pb::BeginExecutionRequest {
+    let (key, sha) = (key(name), sha(&format!("args {name}")));
     pb::BeginExecutionRequest {
         auth: Some(agent_bob()),
-        idempotency_key: key(name),
-        arguments_sha256: sha(&format!("args {name}")),
+        execution_ticket: ticket_with(keys, &agent_bob(), &key, &sha, "refund_order"),
+        idempotency_key: key,
+        arguments_sha256: sha,
         tool: "refund_order".into(),
         lease_ms: LEASE_MS,
     }
@@ -68,11 +73,16 @@ struct Acknowledged {
 
 /// An executor that begins and completes new operations until the sidecar
 /// stops answering, recording every acknowledgement.
-async fn busy_executor(channel: Channel, id: usize, log: Arc<Mutex<Acknowledged>>) {
+async fn busy_executor(
+    channel: Channel,
+    id: usize,
+    log: Arc<Mutex<Acknowledged>>,
+    keys: Arc<TicketKeys>,
+) {
     let mut ledger = LedgerServiceClient::new(channel);
     for n in 0..10_000 {
         let name = format!("busy-{id}-{n}");
-        let Ok(r) = ledger.begin_execution(begin_request(&name)).await else {
+        let Ok(r) = ledger.begin_execution(begin_request(&name, &keys)).await else {
             return;
         };
         let r = r.into_inner();
@@ -96,6 +106,8 @@ async fn busy_executor(channel: Channel, id: usize, log: Arc<Mutex<Acknowledged>
 async fn executors_mid_flight_survive_kill_9_and_none_runs_twice() {
     let dir = tempfile::tempdir().unwrap();
     let sidecar = Sidecar::start(dir.path(), &[]);
+    let url = format!("sqlite://{}", dir.path().join("toolgate.db").display());
+    let keys = Arc::new(store_ticket_keys(&url).await);
     let log = Arc::new(Mutex::new(Acknowledged::default()));
 
     // Executors that acquired and are still running their tool when the
@@ -104,7 +116,7 @@ async fn executors_mid_flight_survive_kill_9_and_none_runs_twice() {
     let held: Vec<String> = (0..HELD).map(|i| format!("held-{i}")).collect();
     for name in &held {
         let r = ledger
-            .begin_execution(begin_request(name))
+            .begin_execution(begin_request(name, &keys))
             .await
             .unwrap()
             .into_inner();
@@ -118,7 +130,12 @@ async fn executors_mid_flight_survive_kill_9_and_none_runs_twice() {
     let mut tasks = Vec::new();
     for id in 0..BUSY_EXECUTORS {
         let channel = sidecar.channel().await;
-        tasks.push(tokio::spawn(busy_executor(channel, id, Arc::clone(&log))));
+        tasks.push(tokio::spawn(busy_executor(
+            channel,
+            id,
+            Arc::clone(&log),
+            Arc::clone(&keys),
+        )));
     }
     let started = Instant::now();
     while log.lock().unwrap().completed.len() < 40 {
@@ -148,7 +165,7 @@ async fn executors_mid_flight_survive_kill_9_and_none_runs_twice() {
     // Every acknowledged completion survived, with its result.
     for name in &log.completed {
         let r = ledger
-            .begin_execution(begin_request(name))
+            .begin_execution(begin_request(name, &keys))
             .await
             .unwrap()
             .into_inner();
@@ -173,7 +190,7 @@ async fn executors_mid_flight_survive_kill_9_and_none_runs_twice() {
                 continue;
             }
             let r = ledger
-                .begin_execution(begin_request(name))
+                .begin_execution(begin_request(name, &keys))
                 .await
                 .unwrap()
                 .into_inner();
@@ -211,6 +228,7 @@ async fn executors_mid_flight_survive_kill_9_and_none_runs_twice() {
             idempotency_key: key(first),
             applied: true,
             result_json: result(first),
+            fencing_token: 0,
         })
         .await
         .unwrap()

@@ -24,7 +24,7 @@ use toolgate::grpc::pb::entity_service_client::EntityServiceClient;
 
 use crate::prerequisites;
 use crate::sidecar::Sidecar;
-use crate::support::{copy_of_examples, fixture, token};
+use crate::support::{copy_of_examples, token};
 
 /// A customer may refund their own order (the examples let only support
 /// staff refund): so a user with no roles, as an MCP user's token has, can
@@ -190,22 +190,8 @@ async fn a_third_party_authzen_pep_guards_an_mcp_server_with_toolgate_deciding()
         "[authzen]\ndefault_tenant = \"acme\"\n",
     )
     .unwrap();
-    let mut command = crate::sidecar::toolgate();
-    command
-        .arg("serve")
-        .arg("--policies")
-        .arg(&policies)
-        .args(["--listen", "127.0.0.1:0"])
-        .arg("--store")
-        .arg(format!(
-            "sqlite://{}",
-            dir.path().join("toolgate.db").display()
-        ))
-        .arg("--jwks-file")
-        .arg(fixture("keys/jwks.json"))
-        .args(["--issuer", "https://idp.test", "--audience", "toolgate"])
-        .current_dir(dir.path());
-    let sidecar = Sidecar::spawn(command);
+    let sidecar =
+        Sidecar::start_with_policies(dir.path(), &policies, &crate::support::identity_args());
     let channel = sidecar.channel().await;
 
     EntityServiceClient::new(channel.clone())

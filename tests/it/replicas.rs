@@ -4,7 +4,6 @@
 //! closed within the configured bounds and is recovered from without a
 //! restart.
 
-use std::ffi::OsString;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,25 +22,18 @@ use toolgate::grpc::pb::{self, BeginOutcome, Decision};
 use toolgate::store::scratch::{self, ScratchSchema};
 
 use crate::sidecar::Sidecar;
-use crate::support::{agent_bob, code, fixture, postgres_or_skip, request, scratch_schema, token};
+use toolgate::ledger::TicketKeys;
+
+use crate::support::{
+    agent_bob, code, identity_args, postgres_or_skip, request, scratch_schema, store_ticket_keys,
+    ticket_with, token,
+};
 
 const BIG_REFUND: &str =
     r#"{"order_id":"ord_1001","amount_cents":25000,"currency":"USD","reason":"damaged"}"#;
 
 fn hex(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
-}
-
-/// The approval service's key set: the test fixtures' (see `support::token`).
-fn identity_args() -> Vec<OsString> {
-    vec![
-        "--jwks-file".into(),
-        fixture("keys/jwks.json").into(),
-        "--issuer".into(),
-        "https://idp.test".into(),
-        "--audience".into(),
-        "toolgate".into(),
-    ]
 }
 
 /// Two replicas on one store URL, started at the same moment (so their
@@ -54,13 +46,16 @@ fn two_replicas(dir: &Path, url: &str) -> (Sidecar, Sidecar) {
     })
 }
 
-fn begin_request(key: &str, sha: &str) -> pb::BeginExecutionRequest {
+/// A Begin with the ticket its ALLOW would carry, under the database's
+/// key: one replica's ticket is good on every replica of the database.
+fn begin_request(key: &str, sha: &str, keys: &TicketKeys) -> pb::BeginExecutionRequest {
     pb::BeginExecutionRequest {
         auth: Some(agent_bob()),
         idempotency_key: key.into(),
         arguments_sha256: sha.into(),
         tool: "refund_order".into(),
         lease_ms: 60_000,
+        execution_ticket: ticket_with(keys, &agent_bob(), key, sha, "refund_order"),
     }
 }
 
@@ -80,8 +75,9 @@ async fn begins_split_across_two_replicas_are_acquired_exactly_once() {
         let replica = if i % 2 == 0 { &a } else { &b };
         clients.push(LedgerServiceClient::new(replica.channel().await));
     }
+    let keys = store_ticket_keys(schema.url()).await;
     let started = Instant::now();
-    let mut last_token = 0;
+    let mut tokens = std::collections::HashSet::new();
     for round in 0..ROUNDS {
         let key = format!("refund_order:{}", hex(&format!("replicas-{round}")));
         let sha = hex(&format!("args of replicas-{round}"));
@@ -92,7 +88,7 @@ async fn begins_split_across_two_replicas_are_acquired_exactly_once() {
             .map(|(i, client)| {
                 let mut client = client.clone();
                 let barrier = Arc::clone(&barrier);
-                let req = begin_request(&key, &sha);
+                let req = begin_request(&key, &sha, &keys);
                 tokio::spawn(async move {
                     barrier.wait().await;
                     (
@@ -116,11 +112,7 @@ async fn begins_split_across_two_replicas_are_acquired_exactly_once() {
         }
         assert_eq!(acquired.len(), 1, "round {round}: {acquired:?}");
         let (_, token) = acquired[0];
-        assert!(
-            token > last_token,
-            "round {round}: {token} after {last_token}"
-        );
-        last_token = token;
+        assert!(tokens.insert(token), "round {round}: token {token} again");
     }
     eprintln!(
         "replicas: {ROUNDS} rounds of {EXECUTORS} concurrent BeginExecution over two sidecars in {:?}",
@@ -293,6 +285,7 @@ async fn traffic(
     what: &'static str,
     approval_id: String,
     stop: Arc<AtomicBool>,
+    keys: Arc<TicketKeys>,
 ) -> Vec<Call> {
     let mut ledger = LedgerServiceClient::new(channel.clone());
     let mut authorize = AuthorizationServiceClient::new(channel);
@@ -305,7 +298,7 @@ async fn traffic(
         let call = match what {
             "begin" => {
                 let key = format!("refund_order:{}", hex(&format!("outage-{n}")));
-                let mut req = tonic::Request::new(begin_request(&key, &hex("outage args")));
+                let mut req = tonic::Request::new(begin_request(&key, &hex("outage args"), &keys));
                 req.set_timeout(Duration::from_secs(10));
                 let r = ledger.begin_execution(req).await.unwrap().into_inner();
                 let granted = r.outcome() == BeginOutcome::Acquired;
@@ -396,6 +389,7 @@ async fn a_database_outage_fails_closed_within_bounds_and_service_resumes() {
     let mut sidecar = Sidecar::start_with_store(dir.path(), schema.url(), &identity_args());
     let channel = sidecar.channel().await;
     assert_eq!(health(channel.clone(), "").await, ServingStatus::Serving);
+    let keys = Arc::new(store_ticket_keys(schema.url()).await);
 
     // Before: a granted approval for one refund, and a watch.
     let admin = token("dana", "acme", &["support_admin"]);
@@ -430,6 +424,7 @@ async fn a_database_outage_fails_closed_within_bounds_and_service_resumes() {
                 what,
                 approval_id.clone(),
                 Arc::clone(&stop),
+                Arc::clone(&keys),
             ))
         })
         .collect();

@@ -12,6 +12,28 @@ use std::time::{Duration, Instant};
 
 use crate::support::example_policies;
 
+/// `toolgate serve` with mutual TLS (a server certificate of `pki`, client
+/// certificates of `pki` required) and `config` (its `[[access]]` grants,
+/// and anything else) in `dir/toolgate.toml`, with the test key set.
+pub fn start_mtls(dir: &Path, pki: &crate::listeners::Pki, config: &str) -> Sidecar {
+    let (cert, key) = pki.issue("toolgate", &["localhost"], &[], true);
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let (cert, key, ca) = (
+        write("server.pem", &cert),
+        write("server.key", &key),
+        write("ca.pem", &pki.ca_pem),
+    );
+    write(
+        "toolgate.toml",
+        &format!("{config}\n[tls]\ncert = {cert:?}\nkey = {key:?}\nclient_ca = {ca:?}\n"),
+    );
+    Sidecar::start(dir, &crate::support::identity_args())
+}
+
 /// The built `toolgate` binary.
 pub fn toolgate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_toolgate"))
@@ -42,11 +64,21 @@ impl Sidecar {
     /// Like [`Self::start`], on the store `url` (and `dir/toolgate.toml`,
     /// if the test wrote one: the binary reads it from its working folder).
     pub fn start_with_store(dir: &Path, url: &str, extra: &[OsString]) -> Self {
+        Self::start_serving(dir, &example_policies(), url, extra)
+    }
+
+    /// Like [`Self::start`], on the policy folder `policies`.
+    pub fn start_with_policies(dir: &Path, policies: &Path, extra: &[OsString]) -> Self {
+        let store = format!("sqlite://{}", dir.join("toolgate.db").display());
+        Self::start_serving(dir, policies, &store, extra)
+    }
+
+    fn start_serving(dir: &Path, policies: &Path, url: &str, extra: &[OsString]) -> Self {
         let mut command = toolgate();
         command
             .arg("serve")
             .arg("--policies")
-            .arg(example_policies())
+            .arg(policies)
             .args(["--listen", "127.0.0.1:0"])
             .arg("--store")
             .arg(url)
@@ -178,4 +210,31 @@ impl Drop for Sidecar {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Runs `command` (a `toolgate serve` whose configuration must be refused)
+/// and expects it to exit with an error within `within`; its stderr.
+/// Blocking.
+pub fn refused_start(mut command: Command, within: Duration) -> String {
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + within;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("toolgate serve started instead of refusing its configuration");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    stderr
 }

@@ -127,6 +127,8 @@ pub struct TestServer {
     /// The server's decision pipeline, as its doors call it: for doors
     /// this test binary drives without their transport (`Door::Gateway`).
     pub authorizer: Arc<toolgate::decision::ToolCallAuthorizer>,
+    /// The server's ledger desk: what mints execution tickets.
+    pub ledger_desk: Arc<toolgate::ledger::desk::LedgerDesk>,
     metrics_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -251,6 +253,7 @@ impl TestServer {
             Arc::clone(&services.policies),
             Arc::clone(&services.authorizer),
         );
+        let ledger_desk = Arc::clone(&services.ledger);
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             server::serve(services, listeners, &config, async {
@@ -267,6 +270,7 @@ impl TestServer {
             _schema: schema,
             policies,
             authorizer,
+            ledger_desk,
             metrics_addr,
             stop: Some(stop),
             task: Some(task),
@@ -295,6 +299,16 @@ impl TestServer {
 
     pub async fn ledger(&self) -> LedgerServiceClient<Channel> {
         LedgerServiceClient::new(self.channel().await)
+    }
+
+    /// The execution ticket an ALLOW decision of this call would carry,
+    /// minted by the server's own ledger desk (its key, its clock): for
+    /// tests that begin keys of their own making rather than Authorize's.
+    pub async fn ticket(&self, auth: &pb::AuthContext, key: &str, sha: &str, tool: &str) -> String {
+        self.ledger_desk
+            .ticket(&ticket_claims(auth, key, sha, tool))
+            .await
+            .unwrap()
     }
 
     pub async fn stop(mut self) {
@@ -338,9 +352,68 @@ pub fn test_ledger_config() -> LedgerConfig {
     }
 }
 
+/// What a ticket for `auth`'s call of `tool` under `key` and `sha` binds.
+pub fn ticket_claims<'a>(
+    auth: &'a pb::AuthContext,
+    key: &'a str,
+    sha: &'a str,
+    tool: &'a str,
+) -> toolgate::ledger::TicketClaims<'a> {
+    toolgate::ledger::TicketClaims {
+        tenant_id: &auth.tenant_id,
+        subject_id: &auth.subject_id,
+        idempotency_key: key,
+        arguments_sha256: sha,
+        tool,
+    }
+}
+
+/// The ticket keys a `toolgate serve` on the store `url` signs with,
+/// read from the database the way a replica reads them: for sidecar tests
+/// that begin keys of their own making ([`ticket_with`]).
+pub async fn store_ticket_keys(url: &str) -> toolgate::ledger::TicketKeys {
+    let store = toolgate::store::open(url, toolgate::store::StoreSettings::default())
+        .await
+        .unwrap();
+    let candidate = toolgate::ledger::TicketKey::generate(1).unwrap();
+    toolgate::ledger::TicketKeys::new(store.ticket_keys(candidate).await.unwrap()).unwrap()
+}
+
+/// The execution ticket an ALLOW decision of this call would carry, under
+/// `keys`, valid for ten minutes of the system clock.
+pub fn ticket_with(
+    keys: &toolgate::ledger::TicketKeys,
+    auth: &pb::AuthContext,
+    key: &str,
+    sha: &str,
+    tool: &str,
+) -> String {
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    keys.issue(&ticket_claims(auth, key, sha, tool), now + 600_000)
+}
+
 /// A real ES256 identity token for an approver, valid for five minutes.
 pub fn token(subject: &str, tenant: &str, roles: &[&str]) -> String {
     token_valid_for(subject, tenant, roles, 300)
+}
+
+/// `toolgate serve`'s flags for the test key set that signs [`token`]'s
+/// tokens (`tests/it/fixtures/keys/jwks.json`, issuer and audience).
+pub fn identity_args() -> Vec<std::ffi::OsString> {
+    vec![
+        "--jwks-file".into(),
+        fixture("keys/jwks.json").into(),
+        "--issuer".into(),
+        "https://idp.test".into(),
+        "--audience".into(),
+        "toolgate".into(),
+    ]
 }
 
 /// A real ES256 identity token valid for `seconds` from the system clock.

@@ -5,8 +5,6 @@
 //! nor reads anything of acme's; the executor granted `["acme"]` is served
 //! as before. What was not created is read back through granted callers.
 
-use std::ffi::OsString;
-
 use tonic::Code;
 use tonic::transport::Channel;
 use tonic_types::StatusExt;
@@ -17,8 +15,8 @@ use toolgate::grpc::pb::ledger_service_client::LedgerServiceClient;
 use toolgate::grpc::pb::{self, Decision};
 
 use crate::listeners::{Pki, tls_channel};
-use crate::sidecar::Sidecar;
-use crate::support::{agent_bob, auth, fixture, request, token};
+use crate::sidecar::{Sidecar, start_mtls};
+use crate::support::{agent_bob, auth, request, token};
 
 const SMALL_REFUND: &str =
     r#"{"order_id":"ord_1001","amount_cents":2500,"currency":"USD","reason":"late"}"#;
@@ -46,21 +44,11 @@ impl Deployment {
     fn start(extra: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let pki = Pki::new("toolgate tenants CA");
-        let (cert, key) = pki.issue("toolgate", &["localhost"], &[], true);
-        let write = |name: &str, text: &str| {
-            let path = dir.path().join(name);
-            std::fs::write(&path, text).unwrap();
-            path
-        };
-        let (cert, key, ca) = (
-            write("server.pem", &cert),
-            write("server.key", &key),
-            write("ca.pem", &pki.ca_pem),
-        );
-        write(
-            "toolgate.toml",
+        let sidecar = start_mtls(
+            dir.path(),
+            &pki,
             &format!(
-                "{extra}\n[tls]\ncert = {cert:?}\nkey = {key:?}\nclient_ca = {ca:?}\n\
+                "{extra}\n\
                  [[access]]\ncaller = \"cn:executor-globex\"\nservices = [\"authorization\", \"ledger\"]\ntenants = [\"globex\"]\n\
                  [[access]]\ncaller = \"cn:executor-acme\"\nservices = [\"authorization\", \"ledger\"]\ntenants = [\"acme\"]\n\
                  [[access]]\ncaller = \"cn:approval-ui\"\nservices = [\"approvals\"]\n"
@@ -69,7 +57,6 @@ impl Deployment {
         let globex = pki.issue("executor-globex", &[], &[], false);
         let acme = pki.issue("executor-acme", &[], &[], false);
         let ui = pki.issue("approval-ui", &[], &[], false);
-        let sidecar = Sidecar::start(dir.path(), &identity_args());
         Self {
             _dir: dir,
             sidecar,
@@ -99,18 +86,6 @@ impl Deployment {
             .into_inner()
             .approvals
     }
-}
-
-/// The test key set, for approvers' and executors' tokens.
-fn identity_args() -> Vec<OsString> {
-    vec![
-        "--jwks-file".into(),
-        fixture("keys/jwks.json").into(),
-        "--issuer".into(),
-        "https://idp.test".into(),
-        "--audience".into(),
-        "toolgate".into(),
-    ]
 }
 
 /// The status is the tenant refusal, naming acme.
@@ -212,6 +187,8 @@ async fn an_executor_acts_only_for_the_tenants_its_grant_names() {
                 arguments_sha256: victim.arguments_sha256.clone(),
                 tool: "refund_order".into(),
                 lease_ms: 0,
+                // Even with the victim's own ticket.
+                execution_ticket: victim.execution_ticket.clone(),
             })
             .await,
     );
@@ -234,6 +211,7 @@ async fn an_executor_acts_only_for_the_tenants_its_grant_names() {
                 idempotency_key: key.clone(),
                 applied: true,
                 result_json: "{}".into(),
+                fencing_token: 0,
             })
             .await,
     );
@@ -281,6 +259,7 @@ async fn an_executor_acts_only_for_the_tenants_its_grant_names() {
             arguments_sha256: victim.arguments_sha256.clone(),
             tool: "refund_order".into(),
             lease_ms: 0,
+            execution_ticket: victim.execution_ticket.clone(),
         })
         .await
         .unwrap()

@@ -1,74 +1,78 @@
-// A browser approval UI's transport: gRPC-Web over HTTP/1.1 on toolgate's
-// own listener, with Connect's real gRPC-Web client. The service
-// descriptors come from toolgate's descriptor set at run time (no code
-// generation). Also the CORS preflight a browser sends first.
-// Env: TOOLGATE_ADDR, TOOLGATE_TEST_DESCRIPTOR_SET, TOOLGATE_TEST_APPROVER_TOKEN,
-// TOOLGATE_TEST_WEB_ORIGIN (the one origin the server allows).
-"use strict";
+// A browser approval UI's transport: @toolgate/client/web, ApprovalService
+// over gRPC-Web with Connect's browser transport (fetch), on toolgate's own
+// listener, its descriptors generated from proto/ when the package was
+// built. And the CORS preflight a browser sends first.
+// Env: TOOLGATE_ADDR, TOOLGATE_TEST_APPROVER_TOKEN, TOOLGATE_TEST_WEB_ORIGIN
+// (the one origin the server allows).
+import test from "node:test";
+import assert from "node:assert/strict";
+import http from "node:http";
 
-const test = require("node:test");
-const assert = require("node:assert/strict");
-const fs = require("node:fs");
-const http = require("node:http");
+import { ConnectError, Code } from "@connectrpc/connect";
+import { createWebApprovals } from "@toolgate/client/web";
 
-const { createClient, ConnectError, Code } = require("@connectrpc/connect");
-const { createGrpcWebTransport } = require("@connectrpc/connect-node");
-const { createFileRegistry, fromBinary } = require("@bufbuild/protobuf");
-const { FileDescriptorSetSchema } = require("@bufbuild/protobuf/wkt");
+import { BOB, ENTITIES } from "../examples/refund.js";
+import { ADDR, APPROVER, fresh, gate, refundArgs } from "./support.js";
 
-const { connect } = require("../toolgate_client");
-const { authorizeRefund } = require("../refund_example");
-
-const ADDR = process.env.TOOLGATE_ADDR;
-const APPROVER = process.env.TOOLGATE_TEST_APPROVER_TOKEN;
 const ORIGIN = process.env.TOOLGATE_TEST_WEB_ORIGIN;
-const registry = createFileRegistry(
-  fromBinary(FileDescriptorSetSchema, fs.readFileSync(process.env.TOOLGATE_TEST_DESCRIPTOR_SET)),
-);
-const ApprovalService = registry.getService("toolgate.v1.ApprovalService");
-const ApprovalStatus = registry.getEnum("toolgate.v1.ApprovalStatus");
-const Verdict = registry.getEnum("toolgate.v1.Verdict");
-const status = (name) => ApprovalStatus.values.find((v) => v.name === name).number;
+const web = createWebApprovals(`http://${ADDR}`, { identityToken: APPROVER });
 
-const web = createClient(
-  ApprovalService,
-  createGrpcWebTransport({ baseUrl: `http://${ADDR}`, httpVersion: "1.1" }),
-);
+test("an approval UI lists, reads, watches and decides over gRPC-Web", async () => {
+  const controller = new AbortController();
+  const events = [];
+  // The UI watches its tenant's approvals as they happen.
+  const watching = (async () => {
+    try {
+      for await (const event of web.watchApprovals(controller.signal)) {
+        events.push(event);
+        if (event.kind === "decided") break;
+      }
+    } catch (e) {
+      if (!controller.signal.aborted) throw e;
+    }
+  })();
+  await new Promise((resolve) => setTimeout(resolve, 300));
 
-test("an approval UI lists, reads and decides over gRPC-Web", async () => {
   // An executor (native gRPC) asks for a large refund: a pending approval.
-  const { authorization } = connect(ADDR);
-  const args = JSON.stringify({ order_id: "ord_1001", amount_cents: 30000, currency: "USD", reason: "late" });
-  const required = await authorizeRefund(authorization, args, "web-refund-1");
-  authorization.close();
-  assert.equal(required.decision, "DECISION_APPROVAL_REQUIRED");
-  const approvalId = required.approval.approval_id;
+  const executor = gate();
+  const required = await executor.authorize({
+    tool: "refund_order",
+    arguments: refundArgs(30000),
+    auth: BOB,
+    requestId: fresh("web-refund"),
+    entitiesJson: ENTITIES,
+  });
+  executor.close();
+  assert.equal(required.decision, "approval_required");
+  const approvalId = required.approval.approvalId;
 
-  const page = await web.listApprovals({ identityToken: APPROVER, status: status("APPROVAL_STATUS_PENDING") });
+  const page = await web.listApprovals({ status: "pending" });
   const listed = page.approvals.find((a) => a.approvalId === approvalId);
   assert.ok(listed, "the pending approval is listed");
   assert.equal(listed.tool, "refund_order");
   assert.equal(listed.requesterSubjectId, "bob");
+  assert.equal(listed.risk, "financial");
 
-  const { approval } = await web.getApproval({ identityToken: APPROVER, approvalId });
-  assert.equal(approval.argumentsSha256, required.arguments_sha256);
+  const approval = await web.getApproval(approvalId);
+  assert.equal(approval.argumentsSha256, required.argumentsSha256);
   assert.equal(JSON.parse(approval.displayArguments).amount_cents, 30000);
+  assert.ok(approval.expiresAt > new Date());
 
-  const decided = await web.decideApproval({
-    identityToken: APPROVER,
-    approvalId,
-    verdict: Verdict.values.find((v) => v.name === "VERDICT_APPROVE").number,
-    argumentsSha256: approval.argumentsSha256,
-    reason: "approved in the browser",
-  });
+  const decided = await web.decideApproval(approvalId, "approve", approval.argumentsSha256, "approved in the browser");
   assert.equal(decided.error, undefined);
-  assert.equal(decided.approval.status, status("APPROVAL_STATUS_APPROVED"));
+  assert.equal(decided.approval.status, "approved");
   assert.equal(decided.approval.decidedBy, "dana");
+
+  await Promise.race([watching, new Promise((_, reject) => setTimeout(() => reject(new Error("no decided event")), 5000))]);
+  controller.abort();
+  const ours = events.filter((e) => e.approval.approvalId === approvalId).map((e) => e.kind);
+  assert.deepEqual(ours, ["created", "decided"]);
 });
 
 test("gRPC-Web carries statuses: a bad token is UNAUTHENTICATED", async () => {
+  const stranger = createWebApprovals(`http://${ADDR}`, { identityToken: "not-a-token" });
   await assert.rejects(
-    web.listApprovals({ identityToken: "not-a-token" }),
+    stranger.listApprovals(),
     (e) => e instanceof ConnectError && e.code === Code.Unauthenticated,
   );
 });

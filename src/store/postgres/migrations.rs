@@ -73,6 +73,16 @@ CREATE INDEX approvals_by_call ON approvals
 "#,
     // The entity store (DESIGN §11.6).
     ENTITIES,
+    // Execution tickets' keys (DESIGN §5, a record belongs to a decision);
+    // fencing tokens are random secrets now, so the sequence goes.
+    r#"
+CREATE TABLE ledger_ticket_keys (
+    version BIGINT PRIMARY KEY CHECK (version >= 1),
+    secret BYTEA NOT NULL CHECK (octet_length(secret) = 32),
+    created_at BIGINT NOT NULL
+);
+DROP SEQUENCE ledger_fencing;
+"#,
 ];
 
 /// Entities and the parent edges the ancestor walk follows; a parent edge

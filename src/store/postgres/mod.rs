@@ -1,8 +1,8 @@
 //! The PostgreSQL backend: one database shared by many sidecar replicas.
 //!
 //! Every call takes a connection from a bounded pool (`deadpool-postgres`
-//! over `tokio-postgres`, no TLS: plain TCP or a Unix socket) and runs one
-//! transaction. Correctness across processes comes from the database, never
+//! over `tokio-postgres`: plain TCP or a Unix socket, or TLS with rustls as
+//! the URL's `sslmode` asks, see `tls`) and runs one transaction. Correctness across processes comes from the database, never
 //! from a lock in this process:
 //!
 //! - a ledger transition reads its record with `SELECT … FOR UPDATE`, so no
@@ -40,7 +40,7 @@
 //! [`Store`] calls; `migrations` (the schema), `transition` (one ledger
 //! transition under its row lock), `gateway` (the approval a gateway call
 //! finds, DESIGN §11.3), `relay` (the event bridge), `rows` (rows to
-//! records).
+//! records), `tls` (`sslmode` and the rustls connector).
 
 use std::fmt;
 use std::future::Future;
@@ -53,7 +53,6 @@ use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
 };
 use tokio_postgres::NoTls;
-use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 
 use super::{
@@ -65,7 +64,7 @@ use crate::approvals::{
 };
 use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
-use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled};
+use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled, TicketKey};
 
 mod entities;
 mod gateway;
@@ -74,6 +73,7 @@ mod relay;
 mod rows;
 #[cfg(test)]
 mod tests;
+mod tls;
 mod transition;
 
 use migrations::migrate;
@@ -86,8 +86,6 @@ const CHANNEL: &str = "toolgate_approvals";
 const MIGRATION_LOCK: i32 = 0x7467_0001;
 /// How many times a transaction that lost a race is run in all.
 const MAX_TRIES: u32 = 8;
-/// The longest wait before reconnecting the event relay.
-const MAX_RELAY_BACKOFF: Duration = Duration::from_secs(5);
 /// `Collect::covers` in PostgreSQL: settled records, last changed at or
 /// before `$1`, at most `$2` of them; a record a transition holds right now
 /// is left for the next sweep.
@@ -106,6 +104,8 @@ pub struct PostgresStore {
     pool: Pool,
     /// How to open the relay's own connection.
     config: tokio_postgres::Config,
+    /// Plain or TLS, as `sslmode` asked; the relay's connection too.
+    tls: tls::Tls,
     settings: StoreSettings,
     /// Names this store in the events it sends, so its own relay skips them.
     origin: Arc<str>,
@@ -151,14 +151,18 @@ impl PostgresStore {
     /// database that cannot be reached in time, a failed migration, or a
     /// schema newer than this binary knows.
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
-        let config = connection_config(url, &settings)?;
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let (url, mode, ca) = tls::split_url(url)?;
+        let config = connection_config(&url, &settings)?;
+        let tls = tls::connector(mode, ca.as_deref())?;
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match &tls {
+            tls::Tls::Off => Manager::from_config(config.clone(), NoTls, manager_config),
+            tls::Tls::Rustls(connect) => {
+                Manager::from_config(config.clone(), connect.clone(), manager_config)
+            }
+        };
         let pool = Pool::builder(manager)
             .max_size(settings.pool_size.max(1))
             .wait_timeout(Some(settings.connect_timeout))
@@ -170,6 +174,7 @@ impl PostgresStore {
         let store = Self {
             pool,
             config,
+            tls,
             settings,
             origin: uuid::Uuid::new_v4().simple().to_string().into(),
         };
@@ -228,15 +233,6 @@ fn connection_config(
                 .into(),
         )
     })?;
-    match config.get_ssl_mode() {
-        SslMode::Disable | SslMode::Prefer => {}
-        _ => {
-            return Err(StoreError::PostgresUrl(
-                "sslmode=require: this build connects without TLS (use a Unix socket or a private network, and sslmode=disable or prefer)"
-                    .into(),
-            ));
-        }
-    }
     let ms = |d: Duration| d.as_millis();
     // Server-side bounds: a statement (lock waits included) ends at the
     // statement timeout, and a session that stopped mid-transaction does
@@ -677,6 +673,38 @@ impl Store for PostgresStore {
         .await
     }
 
+    async fn ticket_keys(&self, candidate: TicketKey) -> Result<Vec<TicketKey>, StoreError> {
+        let secret = candidate.secret.to_vec();
+        let secret = &secret;
+        self.run(|client| async move {
+            // Version 1 only if there is no key yet; a racing first start
+            // of another replica loses on the primary key or sees its row.
+            client
+                .execute(
+                    "INSERT INTO ledger_ticket_keys (version, secret, created_at) \
+                     SELECT 1, $1, (extract(epoch FROM now()) * 1000)::BIGINT \
+                     WHERE NOT EXISTS (SELECT 1 FROM ledger_ticket_keys) \
+                     ON CONFLICT (version) DO NOTHING",
+                    &[secret],
+                )
+                .await?;
+            let rows = client
+                .query(
+                    "SELECT version, secret FROM ledger_ticket_keys ORDER BY version",
+                    &[],
+                )
+                .await?;
+            let mut keys = Vec::with_capacity(rows.len());
+            for row in rows {
+                let version: i64 = row.try_get(0)?;
+                let secret: Vec<u8> = row.try_get(1)?;
+                keys.push(super::stored_ticket_key(version, &secret)?);
+            }
+            Ok(keys)
+        })
+        .await
+    }
+
     // ---- The entity store (DESIGN §11.6): see `entities.rs`.
 
     async fn upsert_entities(
@@ -725,36 +753,7 @@ impl Store for PostgresStore {
         &self,
         events: Arc<ApprovalEvents>,
     ) -> Result<Option<tokio::task::JoinHandle<()>>, StoreError> {
-        let first = self.listen().await?;
-        let store = self.clone();
-        Ok(Some(tokio::spawn(async move {
-            let mut listening = Some(first);
-            let mut failures: u32 = 0;
-            loop {
-                if let Some((client, mut notifications)) = listening.take() {
-                    failures = 0;
-                    while let Some(n) = notifications.recv().await {
-                        store.relay_one(&events, n.payload()).await;
-                    }
-                    drop(client);
-                    // Whatever was sent from now until we listen again is lost.
-                    events.announce_gap();
-                }
-                failures = failures.saturating_add(1);
-                let wait = Duration::from_millis(100u64 << failures.min(6)).min(MAX_RELAY_BACKOFF);
-                tokio::time::sleep(wait).await;
-                match store.listen().await {
-                    Ok(again) => {
-                        tracing::info!("the approval event relay listens again");
-                        // Watchers that came while it was down missed events too.
-                        events.announce_gap();
-                        listening = Some(again);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the approval event relay cannot listen yet");
-                    }
-                }
-            }
-        })))
+        let first = self.listen(relay::RELAY_QUEUE).await?;
+        Ok(Some(self.relay(events, first, relay::RELAY_QUEUE)))
     }
 }

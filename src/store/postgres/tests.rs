@@ -73,7 +73,7 @@ async fn replicas_starting_together_migrate_once_and_a_newer_schema_is_refused()
     for s in starts {
         s.await.unwrap().unwrap();
     }
-    assert_eq!(version(&schema).await, 4);
+    assert_eq!(version(&schema).await, 5);
     // Data written, then a restart: kept, not migrated again.
     let store = connect(schema.0.url()).await;
     store
@@ -98,7 +98,7 @@ async fn replicas_starting_together_migrate_once_and_a_newer_schema_is_refused()
             err,
             StoreError::SchemaTooNew {
                 found: 99,
-                known: 4
+                known: 5
             }
         ),
         "{err}"
@@ -167,9 +167,10 @@ async fn a_role_with_row_rights_only_serves_a_schema_another_role_migrated() {
 }
 
 #[tokio::test]
-async fn urls_asking_for_tls_or_not_parsing_are_refused_without_echoing_them() {
+async fn urls_asking_for_verified_tls_without_a_ca_or_not_parsing_are_refused_without_echoing_them()
+{
     for url in [
-        "postgres://u:secret@127.0.0.1/db?sslmode=require",
+        "postgres://u:secret@127.0.0.1/db?sslmode=verify-full",
         "postgres://u:secret@127.0.0.1/db?sslmode=nonsense",
     ] {
         let err = PostgresStore::connect(url, StoreSettings::default())
@@ -270,7 +271,21 @@ async fn a_transaction_stuck_on_a_lock_ends_at_the_statement_timeout() {
     let err = store.get_approval("t1", "a1").await.unwrap_err();
     assert!(matches!(err, StoreError::Postgres(_)), "{err}");
     blocker.rollback().await.unwrap();
-    assert_eq!(store.get_approval("t1", "a1").await.unwrap(), None);
+    // Served again once the lock is gone. The store's own bound is short
+    // (800 ms with the pool's wait), so a loaded machine may time a first
+    // read out: the store must recover within a few seconds, not at once.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let read = loop {
+        match store.get_approval("t1", "a1").await {
+            Ok(found) => break found,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("not served yet after the lock: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("still not served 10 s after the lock was released: {e}"),
+        }
+    };
+    assert_eq!(read, None);
 }
 
 #[tokio::test]
@@ -360,6 +375,33 @@ async fn another_replicas_events_are_relayed_and_its_own_are_not() {
             (ApprovalEventKind::Expired, "mine".to_owned()),
         ]
     );
+    relay.abort();
+}
+
+#[tokio::test]
+async fn a_burst_past_the_relays_queue_is_dropped_and_announced_as_a_gap() {
+    let Some(schema) = schema().await else { return };
+    let here = connect(schema.0.url()).await;
+    let events = Arc::new(ApprovalEvents::default());
+    let mut gaps = events.gaps();
+    let first = here.listen(4).await.unwrap();
+    let relay = here.relay(Arc::clone(&events), first, 4);
+    // Another replica's burst: 200 notifications in one commit, each of
+    // which the relay reads back from the database one at a time.
+    let admin = schema.0.admin().await.unwrap();
+    admin
+        .execute(
+            &format!(
+                "SELECT pg_notify('{CHANNEL}', 'created elsewhere ' || g) FROM generate_series(1, 200) g"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), gaps.changed())
+        .await
+        .unwrap()
+        .unwrap();
     relay.abort();
 }
 

@@ -1,9 +1,9 @@
 //! A ledger transition in one transaction: the record locked from read to
-//! commit, a fencing token drawn after the lock.
+//! commit, a fresh random fencing token for an acquisition.
 
 use deadpool_postgres::Object;
 
-use super::super::{EXECUTION_COLUMNS, StoreError, error_to_json, signed, stored_unsigned};
+use super::super::{EXECUTION_COLUMNS, StoreError, error_to_json, signed};
 use super::{Failure, execution_from_row};
 use crate::ledger::{Transition, Write};
 
@@ -18,17 +18,12 @@ pub(super) async fn transition<T: Transition>(
              WHERE tenant_id = $1 AND idempotency_key = $2 FOR UPDATE"
         ))
         .await?;
-    let token = client
-        .prepare_cached("SELECT nextval('ledger_fencing')")
-        .await?;
     let tx = client.transaction().await?;
     let id = step.id();
-    // Sent together, run in order: the token is drawn after the row lock,
-    // so it exceeds every token of this key committed before.
     let key: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&id.tenant_id, &id.idempotency_key];
-    let (row, next) = tokio::try_join!(tx.query_opt(&read, &key), tx.query_one(&token, &[]))?;
+    let row = tx.query_opt(&read, &key).await?;
     let current = row.as_ref().map(execution_from_row).transpose()?;
-    let next_token = stored_unsigned(next.try_get(0)?)?;
+    let next_token = crate::ledger::fresh_fencing_token().map_err(|_| StoreError::Random)?;
     let (answer, write) = step.apply(current.as_ref(), next_token);
     match &write {
         Write::Nothing => {}

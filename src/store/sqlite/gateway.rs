@@ -6,7 +6,7 @@
 use rusqlite::{Connection, OptionalExtension, ToSql, TransactionBehavior, params};
 
 use super::super::{APPROVAL_COLUMNS, GatewayApproval, StoreError};
-use super::{approval_from_row, pending_in};
+use super::{approval_from_row, lapse_pending_of_call, pending_in};
 use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::clock::UnixMillis;
 
@@ -22,6 +22,10 @@ pub(super) fn approval_for_gateway_call(
     now: UnixMillis,
 ) -> Result<GatewayApproval, StoreError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // First, as in every call that may create an approval (and as the
+    // PostgreSQL store does): this call's lapsed PENDING approval is
+    // expired, whichever approval then answers.
+    lapse_pending_of_call(&tx, &new, now)?;
     // One approval of the call, the first in `order` of those `filter`
     // admits; `?7` is now and `?8` the idempotency key where used.
     let first = |filter: &str, order: &str| -> Result<Option<ApprovalRecord>, StoreError> {
