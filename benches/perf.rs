@@ -29,7 +29,8 @@
 //! Run: `cargo bench --bench perf` (options after `--`: `--rounds N`,
 //! `--seconds S` per side, level and round, `--iterations N` per
 //! in-process side and round, `--out PATH`, `--overload-limit N`,
-//! `--overload-backoff-ms N`; `--in-process-only` for profilers).
+//! `--overload-backoff-ms N`; `--in-process-only`, `--ledger-only` and
+//! `--overload-only` for profilers).
 
 #![allow(
     clippy::indexing_slicing,
@@ -100,6 +101,10 @@ struct Options {
     overload_backoff: Duration,
     /// Only the in-process comparison (for profilers), no JSON file.
     in_process_only: bool,
+    /// Only the overload comparison (for profilers), no JSON file.
+    overload_only: bool,
+    /// Only the ledger pairs on SQLite at 16:16 (for profilers), no JSON file.
+    ledger_only: bool,
 }
 
 impl Options {
@@ -112,6 +117,8 @@ impl Options {
             overload_limit: 32,
             overload_backoff: Duration::from_millis(10),
             in_process_only: false,
+            overload_only: false,
+            ledger_only: false,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -126,6 +133,8 @@ impl Options {
                     o.overload_backoff = Duration::from_millis(value()?.parse()?);
                 }
                 "--in-process-only" => o.in_process_only = true,
+                "--overload-only" => o.overload_only = true,
+                "--ledger-only" => o.ledger_only = true,
                 // `cargo bench` passes `--bench`; filters are not used here.
                 _ => {}
             }
@@ -148,6 +157,45 @@ fn main() -> Result<(), BoxError> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    if options.overload_only {
+        let dir = tempfile::tempdir()?;
+        let row = runtime.block_on(overload_rounds(&options, dir.path(), &authorize_request()))?;
+        println!(
+            "overload (max_calls_in_flight {}): answered p99 {:.0} µs at {}, {:.0} µs at {} \
+             ({:.2}×); {} answered at {:.0}/s; refusals {:?}, p99 {:.0} µs; {} timeouts",
+            options.overload_limit,
+            row.over.p99_us,
+            OVERLOAD.name(),
+            row.base.p99_us,
+            OVERLOAD_BASE.name(),
+            row.over.p99_us / row.base.p99_us.max(1.0),
+            row.answered,
+            row.over.rps,
+            row.refusals,
+            row.refusal_p99_us,
+            row.timeouts,
+        );
+        return Ok(());
+    }
+    if options.ledger_only {
+        let level = Level::new(16, 16);
+        let row = runtime.block_on(async {
+            let store = FreshStore::sqlite()?;
+            let (sidecar, addr) = common::start_sidecar(store.url())?;
+            let channels = drive::grpc_channels(addr, CONNECTIONS).await?;
+            ledger_rounds(&options, &channels, ("sqlite", sidecar.0.id()), level).await
+        })?;
+        println!(
+            "ledger pairs, sqlite, {}: {:.0}/s, p50 {:.0} µs, p99 {:.0} µs, CPU per pair: sidecar {:.0} µs, client {:.0} µs",
+            level.name(),
+            row.pairs.rps,
+            row.pairs.p50_us,
+            row.pairs.p99_us,
+            row.server_cpu_us,
+            row.client_cpu_us
+        );
+        return Ok(());
+    }
     let reloader = common::load_policies(&example_policies())?;
     let raw = RawCedar::build(&reloader.live().load_full())?;
     let in_process = runtime.block_on(in_process(&options, reloader, &raw))?;
@@ -550,6 +598,10 @@ struct LedgerRow {
     store: &'static str,
     level: Level,
     pairs: Summary,
+    /// The sidecar's CPU per pair, µs (the database server's is not counted).
+    server_cpu_us: f64,
+    /// This client's CPU per pair, µs.
+    client_cpu_us: f64,
 }
 
 /// The overload comparison's figures, over all rounds.
@@ -675,7 +727,8 @@ async fn served(
     let mut ledger = Vec::new();
     for level in LEDGER_SQLITE {
         println!("ledger, sqlite, {}", level.name());
-        ledger.push(ledger_rounds(o, &toolgate_channels, "sqlite", level).await?);
+        ledger
+            .push(ledger_rounds(o, &toolgate_channels, ("sqlite", toolgate.0.id()), level).await?);
     }
     drop(toolgate);
     drop(store);
@@ -687,11 +740,12 @@ async fn served(
                     toolgate::store::scratch::TEST_URL_VAR
                 )
             })?;
-            let (_sidecar, addr) = common::start_sidecar(store.url())?;
+            let (sidecar, addr) = common::start_sidecar(store.url())?;
             let channels = drive::grpc_channels(addr, CONNECTIONS).await?;
             for level in LEDGER_POSTGRES {
                 println!("ledger, postgres, {}", level.name());
-                ledger.push(ledger_rounds(o, &channels, "postgres", level).await?);
+                let side = ("postgres", sidecar.0.id());
+                ledger.push(ledger_rounds(o, &channels, side, level).await?);
             }
             None
         }
@@ -718,23 +772,36 @@ async fn served(
     })
 }
 
-/// The ledger pairs at `level`, after a warm-up, medians over the rounds.
+/// The ledger pairs at `level`, after a warm-up, medians over the rounds,
+/// with the CPU the sidecar (process `pid`) spent per pair.
 async fn ledger_rounds(
     o: &Options,
     channels: &[Channel],
-    store: &'static str,
+    (store, pid): (&'static str, u32),
     level: Level,
 ) -> Result<LedgerRow, BoxError> {
     let ch = channels.get(..level.connections).ok_or("channels")?;
     ledger_load(ch, level.calls, o.seconds / 4.0, 0).await?;
-    let mut rounds = Vec::new();
+    let (mut rounds, mut server_cpu, mut client_cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let me = std::process::id();
     for round in 1..=o.rounds {
-        rounds.push(ledger_load(ch, level.calls, o.seconds, round).await?);
+        let (server0, client0) = (drive::cpu_time(pid)?, drive::cpu_time(me)?);
+        let start = Instant::now();
+        let pairs = ledger_load(ch, level.calls, o.seconds, round).await?;
+        let elapsed = start.elapsed();
+        let (server1, client1) = (drive::cpu_time(pid)?, drive::cpu_time(me)?);
+        let count = (pairs.rps * elapsed.as_secs_f64()).max(1.0);
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / count;
+        server_cpu.push(per(server1.saturating_sub(server0)));
+        client_cpu.push(per(client1.saturating_sub(client0)));
+        rounds.push(pairs);
     }
     Ok(LedgerRow {
         store,
         level,
         pairs: medians(&rounds),
+        server_cpu_us: common::median(server_cpu),
+        client_cpu_us: common::median(client_cpu),
     })
 }
 
@@ -912,7 +979,11 @@ fn report(
     let ledger: Vec<Value> = served
         .ledger
         .iter()
-        .map(|r| json!({"store": r.store, "level": r.level.name(), "pairs": side_json(r.pairs)}))
+        .map(|r| {
+            json!({"store": r.store, "level": r.level.name(), "pairs": side_json(r.pairs),
+                     "server_cpu_us_per_pair": round2(r.server_cpu_us),
+                     "client_cpu_us_per_pair": round2(r.client_cpu_us)})
+        })
         .collect();
     for (store, level) in [("sqlite", "16:16"), ("postgres", "32:16")] {
         let name = format!("ledger_pairs_per_s_{store}_{level}");
@@ -1000,7 +1071,8 @@ fn report(
             "timeouts": ov.timeouts,
             "p99_ratio": round2(p99_ratio),
         },
-        "memory": {"rss_kb": served.memory.rss_kb, "peak_rss_kb": served.memory.hwm_kb},
+        "memory": {"rss_kb": served.memory.rss_kb, "peak_rss_kb": served.memory.hwm_kb,
+                   "rss_anon_kb": served.memory.anon_kb, "rss_file_kb": served.memory.file_kb},
         "ratios": ratios,
         "targets": targets,
     }))
@@ -1058,15 +1130,19 @@ fn print_table(r: &Value) {
             f(&q["toolgate_rps_vs_peer"])
         );
     }
-    println!("\nAuthorize(begin_execution) + CompleteExecution   pairs/s    p50 µs    p99 µs");
+    println!(
+        "\nAuthorize(begin_execution) + CompleteExecution   pairs/s    p50 µs    p99 µs  CPU µs/pair: sidecar, client"
+    );
     for row in r["ledger"].as_array().into_iter().flatten() {
         println!(
-            "  {:<9} {:<6} {:>35} {:>9} {:>9}",
+            "  {:<9} {:<6} {:>35} {:>9} {:>9} {:>14} {:>8}",
             row["store"].as_str().unwrap_or_default(),
             row["level"].as_str().unwrap_or_default(),
             f(&row["pairs"]["rps"]),
             f(&row["pairs"]["p50_us"]),
-            f(&row["pairs"]["p99_us"])
+            f(&row["pairs"]["p99_us"]),
+            f(&row["server_cpu_us_per_pair"]),
+            f(&row["client_cpu_us_per_pair"])
         );
     }
     if let Some(why) = r["ledger_postgres_not_measured"].as_str() {
@@ -1090,8 +1166,11 @@ fn print_table(r: &Value) {
         ov["timeouts"]
     );
     println!(
-        "\nsidecar memory: rss {} kB, peak {} kB",
-        r["memory"]["rss_kb"], r["memory"]["peak_rss_kb"]
+        "\nsidecar memory: rss {} kB (anonymous {} kB, mapped files {} kB), peak {} kB",
+        r["memory"]["rss_kb"],
+        r["memory"]["rss_anon_kb"],
+        r["memory"]["rss_file_kb"],
+        r["memory"]["peak_rss_kb"]
     );
     println!("\ntargets:");
     for t in r["targets"].as_array().into_iter().flatten() {

@@ -415,9 +415,15 @@ pub fn cpu_time(pid: u32) -> Result<Duration, BoxError> {
 pub struct Memory {
     pub rss_kb: u64,
     pub hwm_kb: u64,
+    /// Of `rss_kb`: anonymous memory (the heap, stacks), private to the
+    /// process.
+    pub anon_kb: u64,
+    /// Of `rss_kb`: pages of mapped files, mostly the sidecar's own
+    /// executable, clean and shared with the page cache.
+    pub file_kb: u64,
 }
 
-/// `VmRSS` and `VmHWM` of process `pid`.
+/// `VmRSS`, `VmHWM`, `RssAnon` and `RssFile` of process `pid`.
 ///
 /// # Errors
 /// When `/proc/<pid>/status` is unreadable.
@@ -434,5 +440,7 @@ pub fn memory_of(pid: u32) -> Result<Memory, BoxError> {
     Ok(Memory {
         rss_kb: field("VmRSS:"),
         hwm_kb: field("VmHWM:"),
+        anon_kb: field("RssAnon:"),
+        file_kb: field("RssFile:"),
     })
 }

@@ -283,20 +283,33 @@ fn read_approval(
     .transpose()
 }
 
+/// The ledger's statements, prepared once per connection and kept in its
+/// statement cache (`prepare_cached`) instead of parsed per transition.
+static SELECT_EXECUTION: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {EXECUTION_COLUMNS} FROM executions WHERE tenant_id = ?1 AND idempotency_key = ?2"
+    )
+});
+static INSERT_EXECUTION: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO executions ({EXECUTION_COLUMNS}) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+    )
+});
+const UPDATE_EXECUTION: &str = "UPDATE executions SET state = ?3, attempt = ?4, max_attempts = ?5, \
+     fencing_token = ?6, lease_expires_at = ?7, result_json = ?8, error_json = ?9, updated_at = ?10, \
+     revision = ?11 WHERE tenant_id = ?1 AND idempotency_key = ?2 AND revision = ?12";
+
 fn read_execution(
     conn: &Connection,
     tenant_id: &str,
     idempotency_key: &str,
 ) -> Result<Option<ExecutionRecord>, StoreError> {
-    conn.query_row(
-        &format!(
-            "SELECT {EXECUTION_COLUMNS} FROM executions WHERE tenant_id = ?1 AND idempotency_key = ?2"
-        ),
-        params![tenant_id, idempotency_key],
-        execution_from_row,
-    )
-    .optional()?
-    .transpose()
+    // Cached: every ledger transition reads its record first.
+    conn.prepare_cached(&SELECT_EXECUTION)?
+        .query_row(params![tenant_id, idempotency_key], execution_from_row)
+        .optional()?
+        .transpose()
 }
 
 /// One ledger transition in one `BEGIN IMMEDIATE` transaction (see
@@ -329,28 +342,22 @@ fn apply_transition<T: Transition>(tx: &Connection, step: &T) -> Result<T::Answe
         Write::Nothing => {}
         Write::Insert(r) => {
             let (token, revision, error) = row(r)?;
-            tx.execute(
-                &format!(
-                    "INSERT INTO executions ({EXECUTION_COLUMNS}) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
-                ),
-                params![
-                    r.tenant_id,
-                    r.idempotency_key,
-                    r.tool,
-                    r.arguments_sha256,
-                    r.state.as_str(),
-                    r.attempt,
-                    r.max_attempts,
-                    token,
-                    r.lease_expires_at,
-                    r.result_json,
-                    error,
-                    r.created_at,
-                    r.updated_at,
-                    revision
-                ],
-            )?;
+            tx.prepare_cached(&INSERT_EXECUTION)?.execute(params![
+                r.tenant_id,
+                r.idempotency_key,
+                r.tool,
+                r.arguments_sha256,
+                r.state.as_str(),
+                r.attempt,
+                r.max_attempts,
+                token,
+                r.lease_expires_at,
+                r.result_json,
+                error,
+                r.created_at,
+                r.updated_at,
+                revision
+            ])?;
         }
         Write::Update {
             record: r,
@@ -358,25 +365,20 @@ fn apply_transition<T: Transition>(tx: &Connection, step: &T) -> Result<T::Answe
         } => {
             let (token, revision, error) = row(r)?;
             // The identity, tool and hash of a record never change.
-            let changed = tx.execute(
-                "UPDATE executions SET state = ?3, attempt = ?4, max_attempts = ?5, fencing_token = ?6, \
-                 lease_expires_at = ?7, result_json = ?8, error_json = ?9, updated_at = ?10, revision = ?11 \
-                 WHERE tenant_id = ?1 AND idempotency_key = ?2 AND revision = ?12",
-                params![
-                    r.tenant_id,
-                    r.idempotency_key,
-                    r.state.as_str(),
-                    r.attempt,
-                    r.max_attempts,
-                    token,
-                    r.lease_expires_at,
-                    r.result_json,
-                    error,
-                    r.updated_at,
-                    revision,
-                    signed(*previous_revision)?
-                ],
-            )?;
+            let changed = tx.prepare_cached(UPDATE_EXECUTION)?.execute(params![
+                r.tenant_id,
+                r.idempotency_key,
+                r.state.as_str(),
+                r.attempt,
+                r.max_attempts,
+                token,
+                r.lease_expires_at,
+                r.result_json,
+                error,
+                r.updated_at,
+                revision,
+                signed(*previous_revision)?
+            ])?;
             if changed != 1 {
                 return Err(StoreError::Conflict {
                     expected: *previous_revision,
