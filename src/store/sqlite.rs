@@ -892,7 +892,7 @@ mod tests {
         ));
     }
 
-    fn begin_of(key: &str) -> ledger::Begin {
+    pub(super) fn begin_of(key: &str) -> ledger::Begin {
         ledger::Begin {
             id: ledger::ExecutionId {
                 tenant_id: "acme".into(),

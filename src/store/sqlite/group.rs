@@ -261,20 +261,6 @@ mod tests {
     use super::*;
     use crate::ledger;
 
-    fn begin(key: &str) -> ledger::Begin {
-        ledger::Begin {
-            id: ledger::ExecutionId {
-                tenant_id: "acme".into(),
-                idempotency_key: key.into(),
-            },
-            tool: "refund_order".into(),
-            arguments_sha256: "aa".into(),
-            lease_ms: 60_000,
-            max_attempts: 3,
-            now: 1_000,
-        }
-    }
-
     fn queued(
         queue: &Queue,
         key: &str,
@@ -285,7 +271,7 @@ mod tests {
         let (reply, answer) = oneshot::channel();
         let start = queue
             .push(Box::new(Job {
-                step: begin(key),
+                step: super::super::tests::begin_of(key),
                 answer: None,
                 reply,
             }))
