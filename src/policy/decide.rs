@@ -2,12 +2,13 @@
 //! approval-required rule.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use cedar_policy::{Context, Effect, Entities, Entity, EntityUid, Request, RestrictedExpression};
 use serde_json::{Map, Value};
 
 use super::PolicyEngine;
-use super::parts::{DecideError, principal_entities, uid};
+use super::parts::{DecideError, uid};
 use super::slice::{Evaluation, evaluate};
 use super::values;
 use crate::identity::Caller;
@@ -86,8 +87,13 @@ impl PolicyEngine {
             (None, _) => uid("Tool", &tool.name)?,
         };
 
-        let entities =
-            self.request_entities(call.caller, call.entities, &principal, &tenant, &action)?;
+        let entities = self.request_entities(
+            call.caller,
+            call.entities,
+            &principal,
+            &tenant,
+            (&tool.name, &action),
+        )?;
         if entities.get(&resource).is_none() {
             return Err(DecideError::ResourceNotFound(resource.to_string()));
         }
@@ -146,59 +152,69 @@ impl PolicyEngine {
         })
     }
 
-    /// Static entities plus the principal (from the caller only) and the
-    /// executor's entities, validated against the schema.
+    /// The action's base with the principal (from the caller only, see
+    /// `principals`) and the executor's entities, validated against the
+    /// schema. Without executor entities, the memoised base itself.
     fn request_entities(
         &self,
         caller: &Caller,
         supplied_json: Option<&Value>,
         principal: &EntityUid,
         tenant: &EntityUid,
-        action: &EntityUid,
-    ) -> Result<Entities, DecideError> {
-        let base = self.static_entities.for_action(action);
-        let mut extra = principal_entities(caller, base, principal, tenant)?;
-        if let Some(json) = supplied_json {
-            let Value::Array(items) = json else {
-                return Err(DecideError::Entities(
-                    "must be a JSON array of Cedar entities".into(),
-                ));
-            };
-            // One entity at a time, each checked against the schema (an
-            // action only as the schema declares it). `Entities::from_json_value`
-            // would also materialise every action of the schema on every
-            // call: thousands of entities for a deployment of thousands of tools.
-            // Explicit forms are converted directly (see `values`); if any
-            // item is in another form, or the converted set does not fit the
-            // schema, Cedar's parser reads them all and has the last word.
-            let fast: Option<Vec<Entity>> = items.iter().map(values::entity).collect();
-            if let Some(fast) = fast {
-                let mut with_fast = extra.clone();
-                with_fast.extend(fast);
-                if let Ok(entities) = with_entities(base, &self.schema, principal, with_fast) {
-                    return Ok(entities);
-                }
-            }
-            for item in items {
-                let entity = Entity::from_json_value(item.clone(), Some(&self.schema))
-                    .map_err(|e| DecideError::Entities(e.to_string()))?;
-                extra.push(entity);
-            }
+        (action_name, action): (&str, &EntityUid),
+    ) -> Result<Arc<Entities>, DecideError> {
+        let base = self.principal_bases.get(
+            action_name,
+            caller,
+            &self.schema,
+            self.static_entities.for_action(action),
+            principal,
+            tenant,
+        )?;
+        let Some(json) = supplied_json else {
+            return Ok(base);
+        };
+        let Value::Array(items) = json else {
+            return Err(DecideError::Entities(
+                "must be a JSON array of Cedar entities".into(),
+            ));
+        };
+        if items.is_empty() {
+            return Ok(base);
         }
-        with_entities(base, &self.schema, principal, extra)
+        // One entity at a time, each checked against the schema (an
+        // action only as the schema declares it). `Entities::from_json_value`
+        // would also materialise every action of the schema on every
+        // call: thousands of entities for a deployment of thousands of tools.
+        // Explicit forms are converted directly (see `values`); if any
+        // item is in another form, or the converted set does not fit the
+        // schema, Cedar's parser reads them all and has the last word.
+        let fast: Option<Vec<Entity>> = items.iter().map(values::entity).collect();
+        if let Some(fast) = fast
+            && let Ok(entities) = with_entities(&base, &self.schema, principal, fast)
+        {
+            return Ok(Arc::new(entities));
+        }
+        let mut extra = Vec::with_capacity(items.len());
+        for item in items {
+            let entity = Entity::from_json_value(item.clone(), Some(&self.schema))
+                .map_err(|e| DecideError::Entities(e.to_string()))?;
+            extra.push(entity);
+        }
+        with_entities(&base, &self.schema, principal, extra).map(Arc::new)
     }
 }
 
-/// `base` plus `extra`, checked against the schema; none of `extra` may be
-/// the principal, which comes from the auth context alone (DESIGN §1).
+/// `base` (which holds the principal) plus the executor's `extra`, checked
+/// against the schema; none of `extra` may be the principal, which comes
+/// from the auth context alone (DESIGN §1).
 fn with_entities(
     base: &Entities,
     schema: &cedar_policy::Schema,
     principal: &EntityUid,
     extra: Vec<Entity>,
 ) -> Result<Entities, DecideError> {
-    // The caller's own principal entity is first; any other is supplied.
-    if extra.iter().skip(1).any(|e| e.uid() == *principal) {
+    if extra.iter().any(|e| e.uid() == *principal) {
         return Err(DecideError::Entities(format!(
             "entities must not define the principal `{principal}`"
         )));
@@ -321,7 +337,8 @@ impl PolicyEngine {
     ) -> Result<PolicyDecision, DecideError> {
         let tenant = uid("Tenant", &caller.tenant_id)?;
         let principal = uid("User", &caller.subject_id)?;
-        let action = uid("Action", action)?;
+        let action_name = action;
+        let action = uid("Action", action_name)?;
         let resource = uid("Approval", &approval.approval_id)?;
         let attrs = HashMap::from([
             (
@@ -343,8 +360,9 @@ impl PolicyEngine {
         ]);
         let approval_entity = Entity::new(resource.clone(), attrs, HashSet::new())
             .map_err(|e| DecideError::Request(e.to_string()))?;
-        let mut entities = self.request_entities(caller, None, &principal, &tenant, &action)?;
-        entities = entities
+        let base =
+            self.request_entities(caller, None, &principal, &tenant, (action_name, &action))?;
+        let entities = Entities::clone(&base)
             .add_entities([approval_entity], Some(&self.schema))
             .map_err(|e| DecideError::Request(e.to_string()))?;
         let context =

@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 
 use super::callable::CallableIndex;
 use super::diagnostic::codes;
+use super::principals::PrincipalBases;
 use super::reach::RequestBases;
 use super::schema::{GENERATED_ENTITY_TYPES, core_fragment, tool_actions_fragment};
 use super::slice::PolicySlices;
@@ -404,6 +405,7 @@ impl PolicyEngine {
             schema,
             policies,
             static_entities,
+            principal_bases: PrincipalBases::new(),
             callable,
             schema_text,
             version,

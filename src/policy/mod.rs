@@ -28,6 +28,7 @@ mod load;
 mod parts;
 #[cfg(any(test, feature = "test-support"))]
 pub mod plain;
+mod principals;
 mod reach;
 mod reload;
 pub mod schema;
@@ -52,6 +53,7 @@ pub use watch::{ReloadTriggers, start_reloads};
 use cedar_policy::Schema;
 
 use self::callable::CallableIndex;
+use self::principals::PrincipalBases;
 use self::reach::RequestBases;
 use self::slice::PolicySlices;
 
@@ -65,6 +67,8 @@ pub struct PolicyEngine {
     policies: PolicySlices,
     /// The static entities, and per action the part a request can reach.
     static_entities: RequestBases,
+    /// Per tool and caller, the base with the principal (see `principals`).
+    principal_bases: PrincipalBases,
     /// Per tool, what "which tools may this principal call" needs (§11.4).
     callable: CallableIndex,
     schema_text: String,
