@@ -8,7 +8,9 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -76,6 +78,57 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Limited<IO> {
     }
 }
 
+/// How often at most one kind of refusal is logged.
+const LOG_EVERY_MS: u64 = 1_000;
+
+/// At most one log line per [`LOG_EVERY_MS`] for one kind of refusal,
+/// carrying how many refusals it stands for. Past a limit, a line per
+/// refusal would spend on logging the CPU that refusing at once saves (and
+/// flood the log when it is least readable); the metric
+/// `toolgate_overload_refusals_total` still counts every one.
+#[derive(Debug)]
+struct LogEvery {
+    start: Instant,
+    /// Milliseconds after `start` before which no line is due.
+    next_ms: AtomicU64,
+    /// Refusals since the last line.
+    pending: AtomicU64,
+}
+
+impl LogEvery {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            next_ms: AtomicU64::new(0),
+            pending: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts one refusal; when a line is due, how many it stands for.
+    fn tick(&self) -> Option<u64> {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.tick_at(now)
+    }
+
+    fn tick_at(&self, now_ms: u64) -> Option<u64> {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        let next = self.next_ms.load(Ordering::Relaxed);
+        if now_ms < next {
+            return None;
+        }
+        // One caller wins the line; the others count towards the next.
+        self.next_ms
+            .compare_exchange(
+                next,
+                now_ms.saturating_add(LOG_EVERY_MS),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .ok()?;
+        Some(self.pending.swap(0, Ordering::Relaxed).max(1))
+    }
+}
+
 /// The accepted connections of `incoming`, each holding a slot of
 /// `max_connections`; one accepted while every slot is held is closed at
 /// once (dropped) and counted.
@@ -89,15 +142,19 @@ where
     IO: Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(max_connections.max(1)));
+    let log = LogEvery::new();
     incoming.filter_map(move |conn| match conn {
         Ok(io) => match Arc::clone(&slots).try_acquire_owned() {
             Ok(slot) => Some(Ok(Limited { io, _slot: slot })),
             Err(_) => {
                 metrics.overloaded("connections");
-                tracing::warn!(
-                    max_connections,
-                    "a connection was closed at once: the listener holds its most connections"
-                );
+                if let Some(closed) = log.tick() {
+                    tracing::warn!(
+                        max_connections,
+                        closed,
+                        "connections were closed at once: the listener holds its most connections"
+                    );
+                }
                 None
             }
         },
@@ -124,6 +181,8 @@ pub(super) struct OverloadLayer {
     max_calls: usize,
     timeout: std::time::Duration,
     metrics: Arc<Metrics>,
+    refusals_logged: Arc<LogEvery>,
+    timeouts_logged: Arc<LogEvery>,
 }
 
 impl OverloadLayer {
@@ -133,6 +192,8 @@ impl OverloadLayer {
             max_calls: limits.max_calls_in_flight.max(1),
             timeout: limits.request_timeout,
             metrics,
+            refusals_logged: Arc::new(LogEvery::new()),
+            timeouts_logged: Arc::new(LogEvery::new()),
         }
     }
 }
@@ -227,24 +288,31 @@ where
         let grpc = is_grpc(&req);
         let Ok(slot) = Arc::clone(&self.layer.calls).try_acquire_owned() else {
             self.layer.metrics.overloaded("calls");
-            tracing::warn!(
-                max_calls_in_flight = self.layer.max_calls,
-                "a call was refused at once: the listener has its most calls in flight"
-            );
+            if let Some(refused) = self.layer.refusals_logged.tick() {
+                tracing::warn!(
+                    max_calls_in_flight = self.layer.max_calls,
+                    refused,
+                    "calls were refused at once: the listener has its most calls in flight"
+                );
+            }
             return Box::pin(std::future::ready(Ok(overloaded(grpc))));
         };
         let timeout = self.layer.timeout;
         let metrics = Arc::clone(&self.layer.metrics);
+        let log = Arc::clone(&self.layer.timeouts_logged);
         let call = self.inner.call(req);
         Box::pin(async move {
             let answer = tokio::time::timeout(timeout, call).await;
             drop(slot);
             answer.unwrap_or_else(|_| {
                 metrics.overloaded("request_timeout");
-                tracing::warn!(
-                    timeout_ms = timeout.as_millis(),
-                    "a call was cut off at the request timeout"
-                );
+                if let Some(cut_off) = log.tick() {
+                    tracing::warn!(
+                        timeout_ms = timeout.as_millis(),
+                        cut_off,
+                        "calls were cut off at the request timeout"
+                    );
+                }
                 Ok(timed_out(grpc))
             })
         })
@@ -274,5 +342,24 @@ impl WatchSlots {
                 "the listener holds its most health watches; check instead, or watch again later",
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogEvery;
+
+    /// One line per second at most, each carrying every refusal since the
+    /// last one; the first refusal is logged at once.
+    #[test]
+    fn refusals_are_logged_once_a_second_with_their_count() {
+        let log = LogEvery::new();
+        assert_eq!(log.tick_at(5), Some(1));
+        for ms in [6, 200, 900, 1_004] {
+            assert_eq!(log.tick_at(ms), None, "{ms}");
+        }
+        assert_eq!(log.tick_at(1_005), Some(5));
+        assert_eq!(log.tick_at(1_006), None);
+        assert_eq!(log.tick_at(9_000), Some(2));
     }
 }
