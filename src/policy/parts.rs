@@ -51,6 +51,9 @@ static GENERATED_TYPES: std::sync::LazyLock<Vec<EntityTypeName>> = std::sync::La
 
 /// The principal (its tenant and roles from the caller only, a member of its
 /// tenant) first, then its tenant when `base` does not hold it.
+///
+/// INVARIANT: reads only the caller's subject, tenant and roles, the key of
+/// the memo in `principals.rs`; a field read here must join that key.
 pub(super) fn principal_entities(
     caller: &Caller,
     base: &Entities,
