@@ -14,12 +14,18 @@ use serde_json::{Value, json};
 use super::{HiddenReason, PolicyDecision, PolicyEngine, ToolCall, ToolReach};
 use crate::identity::Caller;
 
-fn examples() -> PolicyEngine {
+pub(super) fn examples() -> PolicyEngine {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
     PolicyEngine::load(&dir).unwrap()
 }
 
-fn caller(subject: &str, tenant: &str, roles: &[&str], scopes: &[&str], agent: &str) -> Caller {
+pub(super) fn caller(
+    subject: &str,
+    tenant: &str,
+    roles: &[&str],
+    scopes: &[&str],
+    agent: &str,
+) -> Caller {
     Caller {
         subject_id: subject.into(),
         tenant_id: tenant.into(),
@@ -39,7 +45,7 @@ fn shown(engine: &PolicyEngine, caller: &Caller) -> Vec<String> {
         .collect()
 }
 
-fn order(id: &str, tenant: &str, owner: &str, total_cents: i64) -> Value {
+pub(super) fn order(id: &str, tenant: &str, owner: &str, total_cents: i64) -> Value {
     json!({"uid": {"type": "Order", "id": id}, "parents": [{"type": "Tenant", "id": tenant}],
            "attrs": {"tenant": {"__entity": {"type": "Tenant", "id": tenant}},
                      "owner": {"__entity": {"type": "User", "id": owner}},

@@ -136,34 +136,27 @@ impl PrincipalBases {
 
 #[cfg(test)]
 mod tests {
-    use std::hash::BuildHasher;
-    use std::path::Path;
-
     use serde_json::{Value, json};
+    use std::hash::BuildHasher;
 
     use super::*;
+    use crate::policy::callable_tests::{examples, order as order_entity};
     use crate::policy::{DecideError, PolicyDecision, PolicyEngine, ToolCall};
 
-    fn examples() -> PolicyEngine {
-        PolicyEngine::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("policies")).unwrap()
-    }
-
+    /// A support agent of `tenant` (the example policies' refund caller).
     fn caller(subject: &str, tenant: &str, roles: &[&str]) -> Caller {
-        Caller {
-            subject_id: subject.into(),
-            tenant_id: tenant.into(),
-            scopes: vec!["orders:read".into(), "orders:refund".into()],
-            roles: roles.iter().map(ToString::to_string).collect(),
-            agent_id: "support-bot".into(),
-            session_id: "s-42".into(),
-        }
+        crate::policy::callable_tests::caller(
+            subject,
+            tenant,
+            roles,
+            &["orders:read", "orders:refund"],
+            "support-bot",
+        )
     }
 
+    /// The executor's entities of a refund: the order, of `tenant`.
     fn order(tenant: &str) -> Value {
-        json!([{"uid": {"type": "Order", "id": "ord_1001"}, "parents": [{"type": "Tenant", "id": tenant}],
-                "attrs": {"tenant": {"__entity": {"type": "Tenant", "id": tenant}},
-                          "owner": {"__entity": {"type": "User", "id": "alice"}},
-                          "status": "delivered", "total_cents": 50000}}])
+        json!([order_entity("ord_1001", tenant, "alice", 50_000)])
     }
 
     fn refund(
