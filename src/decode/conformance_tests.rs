@@ -182,6 +182,10 @@ fn json_test_suite() {
     );
 }
 
+/// The RFC 8785 inputs the decoder refuses for keys equal under case
+/// folding, with the position and pointer of the first such key.
+const FOLDED_DUPLICATES_OF_RFC8785: [(&str, usize, &str); 1] = [("structures.json", 26, "/1/f/F")];
+
 #[test]
 fn rfc8785_vectors() {
     let Some(suite) = suite_dir("json-canonicalization") else {
@@ -196,8 +200,31 @@ fn rfc8785_vectors() {
     );
     let mut checked = 0;
     for (name, input) in &inputs {
-        let value =
-            parse_strict(input, &Limits::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let value = match (
+            parse_strict(input, &Limits::default()),
+            FOLDED_DUPLICATES_OF_RFC8785
+                .iter()
+                .find(|(n, ..)| n == name),
+        ) {
+            (Ok(value), None) => value,
+            // Keys that differ only in case (RFC 8785's sort-order vector
+            // holds `"f"` beside `"F"`) are one key to case-insensitive
+            // readers, so the decoder refuses them (DESIGN §2.1): that is
+            // this vector's documented outcome. The canonical form is still
+            // checked, on the value a plain parser reads.
+            (Err(e), Some((_, position, pointer))) => {
+                assert_eq!(
+                    e,
+                    DecodeError::DuplicateKey {
+                        position: *position,
+                        pointer: (*pointer).to_owned(),
+                    },
+                    "{name}"
+                );
+                serde_json::from_slice(input).unwrap()
+            }
+            (got, expected) => panic!("{name}: decoded as {got:?}, expected {expected:?}"),
+        };
         let canonical = canonical_json(&value).unwrap();
         assert_eq!(
             canonical.as_bytes(),

@@ -2,7 +2,7 @@
 //! one canonical text that is hashed, authorized and executed (DESIGN §2.1, §2.3).
 //!
 //! This module owns the strict decoding rules (RFC 8259 grammar, no duplicate
-//! keys, no lone surrogates, I-JSON number range, size and depth limits) and the
+//! keys, under case folding too, no lone surrogates, I-JSON number range, size and depth limits) and the
 //! RFC 8785 canonical form with its SHA-256 hashes and the idempotency key.
 //!
 //! It holds rules only: no IO, no logging, no clock. It knows nothing of gRPC,
@@ -37,10 +37,15 @@
 //! // A duplicate key is refused, never resolved to one of the values.
 //! let twice = parse_strict(br#"{"amount_cents": 1, "amount_cents": 100000}"#, &Limits::default());
 //! assert_eq!(twice.unwrap_err().reason(), "duplicate_key");
+//!
+//! // So is a key that a case-insensitive reader (Go, .NET) takes for another.
+//! let folded = parse_strict(br#"{"name": "search_docs", "Name": "delete_account"}"#, &Limits::default());
+//! assert_eq!(folded.unwrap_err().reason(), "duplicate_key");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod canonical;
+mod fold;
 mod strict;
 
 #[cfg(test)]
@@ -49,4 +54,5 @@ mod conformance_tests;
 mod property_tests;
 
 pub use canonical::{CanonicalError, canonical_json, idempotency_key, sha256_hex};
+pub use fold::folded_key;
 pub use strict::{DecodeError, Limits, parse_strict};

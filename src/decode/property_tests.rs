@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 
-use super::{Limits, canonical_json, idempotency_key, parse_strict, sha256_hex};
+use super::{Limits, canonical_json, folded_key, idempotency_key, parse_strict, sha256_hex};
 
 const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
 
@@ -18,7 +18,7 @@ enum Node {
     Float(f64),
     Str(String),
     Array(Vec<Node>),
-    /// Unique keys; the writer chooses the order.
+    /// Keys unique under case folding; the writer chooses the order.
     Object(Vec<(String, Node)>),
 }
 
@@ -92,8 +92,17 @@ fn node() -> impl Strategy<Value = Node> {
 }
 
 fn object_of(inner: impl Strategy<Value = Node>) -> impl Strategy<Value = Node> {
-    prop::collection::btree_map(text(), inner, 0..6)
-        .prop_map(|members| Node::Object(members.into_iter().collect()))
+    prop::collection::btree_map(text(), inner, 0..6).prop_map(|members| {
+        // Keys equal under case folding are duplicates (DESIGN §2.1): an
+        // object of valid JSON keeps the first of each.
+        let mut seen = std::collections::HashSet::new();
+        Node::Object(
+            members
+                .into_iter()
+                .filter(|(key, _)| seen.insert(folded_key(key)))
+                .collect(),
+        )
+    })
 }
 
 /// Deterministic choices for the writer (SplitMix64), so one seed is one spelling.

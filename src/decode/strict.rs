@@ -9,7 +9,11 @@
 //! leniency (comments, trailing commas, `NaN`): every accepted text has exactly
 //! one meaning.
 
+use std::collections::HashSet;
+
 use serde_json::{Map, Number, Value};
+
+use super::fold::folded_key;
 
 /// The largest integer magnitude an IEEE-754 double holds exactly (2^53 − 1);
 /// I-JSON (RFC 7493 §2.2) puts integer literals beyond it out of range.
@@ -176,6 +180,8 @@ enum Frame {
     Object {
         members: Map<String, Value>,
         key: String,
+        /// The folded form of every key read so far (DESIGN §2.1).
+        folded: HashSet<String>,
     },
 }
 
@@ -210,9 +216,11 @@ impl Parser<'_> {
                         // The first key of an object cannot be a duplicate.
                         let (_, key) = self.cursor.parse_key()?;
                         self.cursor.expect_colon()?;
+                        let folded = HashSet::from([folded_key(&key)]);
                         self.stack.push(Frame::Object {
                             members: Map::new(),
                             key,
+                            folded,
                         });
                         continue 'value;
                     }
@@ -254,12 +262,18 @@ impl Parser<'_> {
                             _ => return Err(syntax(at, EXPECTED_COMMA_OR_CLOSE)),
                         }
                     }
-                    Frame::Object { members, key } => {
+                    Frame::Object {
+                        members,
+                        key,
+                        folded,
+                    } => {
                         members.insert(std::mem::take(key), value);
                         match self.cursor.next_byte()? {
                             b',' => {
                                 let (key_start, next) = self.cursor.parse_key()?;
-                                let duplicate = members.contains_key(&next);
+                                // Byte-identical keys fold alike, so this
+                                // one check finds both kinds of duplicate.
+                                let duplicate = !folded.insert(folded_key(&next));
                                 // Stored before reporting so that the stack's
                                 // pointer names the duplicated member itself.
                                 *key = next;
@@ -686,12 +700,30 @@ mod tests {
         check(r#"{"":1,"":2}"#, duplicate(6, "/"));
         // Reported where the repeated key ends, before what follows it.
         check(r#"{"a":1,"a""#, duplicate(7, "/a"));
-        // Same letters, different keys: case and normalization are not folded.
-        check(r#"{"a":1,"A":2}"#, Ok(json!({"a": 1, "A": 2})));
+        // Keys a case-insensitive reader takes for one another are
+        // duplicates too (DESIGN §2.1), reported at the later key.
+        check(r#"{"a":1,"A":2}"#, duplicate(7, "/A"));
+        check(
+            r#"{"name":"search_docs","arguments":{},"Name":"delete_account"}"#,
+            duplicate(37, "/Name"),
+        );
+        check(
+            r#"{"params":{},"param\u017f":{}}"#,
+            duplicate(13, "/param\u{17f}"),
+        );
+        check(r#"{"kind":1,"\u212aind":2}"#, duplicate(10, "/\u{212a}ind"));
+        check(
+            r#"{"method":1,"method\u0000":2}"#,
+            duplicate(12, "/method\u{0}"),
+        );
+        check(r#"{"x":{"Id":1,"iD":2}}"#, duplicate(13, "/x/iD"));
+        // Normalization is not folded: no such reader composes characters.
         check(
             "{\"\u{e9}\":1,\"e\u{301}\":2}",
             Ok(json!({"\u{e9}": 1, "e\u{301}": 2})),
         );
+        // A NUL anywhere but at the end makes a different key.
+        check(r#"{"a":1,"\u0000a":2}"#, Ok(json!({"a": 1, "\u{0}a": 2})));
         // Keys in different objects are independent.
         check(
             r#"{"a":{"a":1},"b":{"a":2}}"#,
