@@ -206,6 +206,22 @@ if $have_node; then
 fi
 # --- end console ------------------------------------------------------------
 
+# --- gateway attacks: Go's encoding/json as the upstream of the gateway
+# doors (tests/it/gateway_attacks.rs), a case-insensitive, last-key-wins
+# reader: Debian's golang-go, installed with apt-get when missing and we may
+# (root). Without it, those tests fail naming it (or skip under --allow-skips).
+go_bin="${TOOLGATE_GO:-go}"
+if ! command -v "$go_bin" >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "test.sh: installing Debian's golang-go for the gateway's parser-differential tests" >&2
+    bounded 900 apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive bounded 900 apt-get install -y -qq golang-go >/dev/null
+  else
+    echo "test.sh: no Go (\`$go_bin\`): install Debian's golang-go (apt-get install golang-go), or set TOOLGATE_GO" >&2
+  fi
+fi
+# --- end gateway attacks ----------------------------------------------------
+
 # Each test that skips appends "test<TAB>reason" to this file; a test may
 # skip only under --allow-skips.
 skip_log=$(mktemp "${TMPDIR:-/tmp}/toolgate-skips.XXXXXX")

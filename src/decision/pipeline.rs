@@ -446,15 +446,24 @@ impl ToolCallAuthorizer {
                         .consume_approval(&record.tenant_id, &record.approval_id, &hashed.key, now)
                         .await
                     {
-                        Ok(ApprovalUse::Consumed { first }) => {
-                            if first {
-                                self.events.publish(
-                                    ApprovalEventKind::Consumed,
-                                    &record,
-                                    Some(&hashed.key),
-                                );
-                            }
+                        Ok(ApprovalUse::Consumed { first: true }) => {
+                            self.events.publish(
+                                ApprovalEventKind::Consumed,
+                                &record,
+                                Some(&hashed.key),
+                            );
                         }
+                        // A retry of the operation that consumed it: the
+                        // executor's ledger makes it the same execution.
+                        // At a gateway no ledger stands between the allow
+                        // and the tool, and the key is the client's, so the
+                        // approval allowed its one request (DESIGN §11.3).
+                        Ok(ApprovalUse::Consumed { first: false })
+                            if input.door == Door::Gateway =>
+                        {
+                            return Ok(out.deny(used_at_gateway(&record)));
+                        }
+                        Ok(ApprovalUse::Consumed { first: false }) => {}
                         Ok(ApprovalUse::ConsumedByOther) => {
                             return Ok(
                                 out.deny(approval_envelope(ErrorCode::ApprovalConsumed, &record))
@@ -661,18 +670,27 @@ impl ToolCallAuthorizer {
             Err(e) => return out.deny(self.approval_not_requested(&e)),
         };
         match found {
-            GatewayApproval::Consumed { record, first } => {
-                if first {
-                    self.events.publish(
-                        ApprovalEventKind::Consumed,
-                        &record,
-                        Some(idempotency_key),
-                    );
-                }
+            GatewayApproval::Consumed {
+                record,
+                first: true,
+            } => {
+                self.events
+                    .publish(ApprovalEventKind::Consumed, &record, Some(idempotency_key));
                 out.policies = allowed_by;
                 out.decision = Decision::Allow;
                 out.approval = Some((record.approval_id, record.expires_at));
                 out
+            }
+            // This key already used it: at a gateway an approval allows
+            // exactly one request, a repeat of the same key included
+            // (DESIGN §11.3); the upstream deduplicates its own retries
+            // with `toolgate-idempotency-key`.
+            GatewayApproval::Consumed {
+                record,
+                first: false,
+            } => {
+                out.approval = Some((record.approval_id.clone(), record.expires_at));
+                out.deny(used_at_gateway(&record))
             }
             GatewayApproval::Pending(record) => {
                 let envelope = approval_envelope(ErrorCode::ApprovalPending, &record)
@@ -805,6 +823,17 @@ fn approval_envelope(code: ErrorCode, record: &ApprovalRecord) -> Envelope {
         _ => "the approval cannot be used",
     };
     Envelope::new(code, message).with("approval_id", record.approval_id.clone())
+}
+
+/// `approval_consumed` for a gateway request after the one its approval
+/// allowed (DESIGN §11.3), the same idempotency key included.
+fn used_at_gateway(record: &ApprovalRecord) -> Envelope {
+    Envelope::new(
+        ErrorCode::ApprovalConsumed,
+        "the approval allowed one request, which was made; a new approval is needed to run the call again",
+    )
+    .with("approval_id", record.approval_id.clone())
+    .with("reason", "single_use")
 }
 
 /// The longest approver's reason shown to the model, in characters.

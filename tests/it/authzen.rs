@@ -25,14 +25,14 @@ use crate::support::{TestServer, fixture, token};
 /// The door's test deployment: `search_docs` (scope `docs:read`) and
 /// `wire_funds` (role `treasury`; over 100.00 needs an approval, over
 /// 1000.00 is forbidden), neither with a resource entity.
-fn policies() -> PathBuf {
+pub(crate) fn policies() -> PathBuf {
     fixture("authzen-policies")
 }
 
 const ACCESS_REQUESTS: &str = "https://access.example.com/requests";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Version {
+pub(crate) enum Version {
     Http1,
     H2,
 }
@@ -41,19 +41,19 @@ const VERSIONS: [Version; 2] = [Version::Http1, Version::H2];
 
 /// One HTTP answer.
 #[derive(Debug)]
-struct Answer {
-    status: u16,
-    headers: http::HeaderMap,
-    body: Vec<u8>,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: http::HeaderMap,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Answer {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8(self.body.clone()).unwrap()
     }
 
@@ -65,7 +65,7 @@ impl Answer {
 /// One request on a fresh connection over `version`; `headers` are sent as
 /// given (an HTTP/1.1 request gets `host: 127.0.0.1:<port>` unless they
 /// name a host).
-async fn send(
+pub(crate) async fn send(
     addr: SocketAddr,
     version: Version,
     method: &str,
@@ -83,7 +83,7 @@ async fn send(
 
 /// One request over an open connection `io` to `authority`.
 #[allow(clippy::too_many_arguments)]
-async fn exchange<IO>(
+pub(crate) async fn exchange<IO>(
     io: IO,
     scheme: &str,
     authority: &str,
@@ -153,7 +153,7 @@ where
 }
 
 /// A POST of `body` as `application/json`.
-async fn post(addr: SocketAddr, version: Version, path: &str, body: &str) -> Answer {
+pub(crate) async fn post(addr: SocketAddr, version: Version, path: &str, body: &str) -> Answer {
     send(
         addr,
         version,
@@ -259,7 +259,7 @@ fn events_of<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
 }
 
 /// An evaluation of `tool` with `arguments` by `subject` of acme.
-fn evaluation(
+pub(crate) fn evaluation(
     subject: &str,
     roles: &[&str],
     scopes: &[&str],
@@ -285,7 +285,7 @@ fn search(scopes: &[&str]) -> Value {
     )
 }
 
-fn wire(amount_cents: u64) -> Value {
+pub(crate) fn wire(amount_cents: u64) -> Value {
     evaluation(
         "tess",
         &["treasury"],
@@ -295,7 +295,7 @@ fn wire(amount_cents: u64) -> Value {
     )
 }
 
-const EVALUATION: &str = "/access/v1/evaluation";
+pub(crate) const EVALUATION: &str = "/access/v1/evaluation";
 const EVALUATIONS: &str = "/access/v1/evaluations";
 const METADATA: &str = "/.well-known/authzen-configuration";
 const SEARCH_ACTION: &str = "/access/v1/search/action";

@@ -31,7 +31,7 @@ use crate::support::{TestServer, approver_claims, signed, token};
 
 /// Alice's order and Carol's, in tenant acme: the store is the only place
 /// a gateway call finds them (DESIGN §11.6).
-const ORDERS: &str = r#"[
+pub(crate) const ORDERS: &str = r#"[
  {"uid":{"type":"Order","id":"ord_1001"},"parents":[{"type":"Tenant","id":"acme"}],
   "attrs":{"tenant":{"__entity":{"type":"Tenant","id":"acme"}},"owner":{"__entity":{"type":"User","id":"alice"}},
            "status":"delivered","total_cents":50000}},
@@ -40,17 +40,17 @@ const ORDERS: &str = r#"[
            "status":"delivered","total_cents":50000}}
 ]"#;
 
-const BIG_REFUND: &str =
+pub(crate) const BIG_REFUND: &str =
     r#"{"order_id":"ord_1001","amount_cents":25000,"currency":"USD","reason":"damaged"}"#;
 
 /// The bearer token of an MCP user: bob, support agent of acme, with the
 /// scopes to read orders and refund them.
-fn bob() -> String {
+pub(crate) fn bob() -> String {
     user("bob", &["support_agent"], "orders:read orders:refund")
 }
 
 /// The bearer token of a user of acme with `roles` and `scope`.
-fn user(subject: &str, roles: &[&str], scope: &str) -> String {
+pub(crate) fn user(subject: &str, roles: &[&str], scope: &str) -> String {
     let mut claims = approver_claims(subject, "acme", roles, 300);
     claims["scope"] = json!(scope);
     signed(jsonwebtoken::Algorithm::ES256, Some("ec-1"), &claims)
@@ -88,7 +88,7 @@ fn socket(ip: &str, port: u32) -> Option<attribute_context::Peer> {
 /// The `CheckRequest` Envoy's ext_authz filter sends for `method path`
 /// with `headers` (the client's, lower case) and `body` (`raw_body`, as
 /// `pack_as_bytes` sends it; Envoy fills `size` from `content-length`).
-fn envoy_check(method: &str, headers: &[(&str, &str)], body: &[u8]) -> CheckRequest {
+pub(crate) fn envoy_check(method: &str, headers: &[(&str, &str)], body: &[u8]) -> CheckRequest {
     let mut all: Vec<(String, String)> = vec![
         (":authority".into(), "mcp.example.test".into()),
         (":method".into(), method.into()),
@@ -147,7 +147,7 @@ fn envoy_check(method: &str, headers: &[(&str, &str)], body: &[u8]) -> CheckRequ
 }
 
 /// A `tools/call` message.
-fn tools_call(id: Value, tool: &str, arguments: &str) -> Vec<u8> {
+pub(crate) fn tools_call(id: Value, tool: &str, arguments: &str) -> Vec<u8> {
     format!(
         r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{arguments}}}}}"#
     )
@@ -156,7 +156,7 @@ fn tools_call(id: Value, tool: &str, arguments: &str) -> Vec<u8> {
 
 /// What the proxy is told, in plain terms.
 #[derive(Debug, PartialEq)]
-enum Told {
+pub(crate) enum Told {
     Allow {
         set: Vec<(String, String)>,
         remove: Vec<String>,
@@ -169,7 +169,7 @@ enum Told {
     },
 }
 
-fn told(r: CheckResponse) -> Told {
+pub(crate) fn told(r: CheckResponse) -> Told {
     let code = r.status.unwrap().code;
     match r.http_response.unwrap() {
         HttpResponse::OkResponse(ok) => {
@@ -205,7 +205,7 @@ fn told(r: CheckResponse) -> Told {
     }
 }
 
-async fn check(client: &mut AuthorizationClient<Channel>, req: CheckRequest) -> Told {
+pub(crate) async fn check(client: &mut AuthorizationClient<Channel>, req: CheckRequest) -> Told {
     told(client.check(req).await.unwrap().into_inner())
 }
 
@@ -217,7 +217,7 @@ fn json_ct() -> Vec<(String, String)> {
 }
 
 /// The JSON-RPC error answer of a refusal.
-fn rpc_error(status: i32, id: Value, code: i64, message: &str) -> Told {
+pub(crate) fn rpc_error(status: i32, id: Value, code: i64, message: &str) -> Told {
     let mut headers = json_ct();
     let grpc = if status == 401 {
         headers.push((
@@ -237,7 +237,7 @@ fn rpc_error(status: i32, id: Value, code: i64, message: &str) -> Told {
 }
 
 /// The tool error the model reads: its text, parsed.
-fn tool_error(told: &Told, id: &Value) -> Value {
+pub(crate) fn tool_error(told: &Told, id: &Value) -> Value {
     let Told::Respond {
         grpc,
         status,
@@ -258,7 +258,7 @@ fn tool_error(told: &Told, id: &Value) -> Value {
     serde_json::from_str(body["result"]["content"][0]["text"].as_str().unwrap()).unwrap()
 }
 
-fn set_header<'a>(told: &'a Told, name: &str) -> &'a str {
+pub(crate) fn set_header<'a>(told: &'a Told, name: &str) -> &'a str {
     let Told::Allow { set, .. } = told else {
         panic!("not allowed: {told:?}");
     };
@@ -268,7 +268,7 @@ fn set_header<'a>(told: &'a Told, name: &str) -> &'a str {
         .unwrap()
 }
 
-fn bearer(token: &str) -> String {
+pub(crate) fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 

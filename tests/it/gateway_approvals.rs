@@ -173,9 +173,11 @@ fn audit_lines(path: &std::path::Path) -> Vec<Value> {
 }
 
 /// The whole flow: requested once (A), pending for the next call with the
-/// same id, approved by a human, then the same call runs once; its retry
-/// (same request id, same key) runs again on A; the next operation needs a
-/// new approval. Audit events name A; metrics count as for an executor.
+/// same id, approved by a human, then the same call runs once; a repeat of
+/// it (same request id, same key: headers the gateway's client controls) is
+/// `approval_consumed`, since no ledger stands between a gateway's allow
+/// and the tool (DESIGN §11.3); the next operation needs a new approval.
+/// Audit events name A; metrics count as for an executor.
 async fn a_gateway_call_waits_for_its_approval_and_runs_once(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let audit_path = dir.path().join("audit.jsonl");
@@ -212,15 +214,25 @@ async fn a_gateway_call_waits_for_its_approval_and_runs_once(backend: Backend) {
         (pb::ApprovalStatus::Approved, runs.idempotency_key.clone())
     );
 
-    // A retry of the same operation: the same key, the same approval.
-    let retry = bob(&server, "gw-3").await;
+    // The same request again (the same key): the approval allowed one.
+    let repeat = bob(&server, "gw-3").await;
     assert_eq!(
         (
-            retry.decision,
-            approval_id(&retry),
-            retry.idempotency_key.as_str()
+            repeat.decision,
+            code(&repeat),
+            approval_id(&repeat),
+            repeat.idempotency_key.as_str()
         ),
-        (Decision::Allow, a.clone(), runs.idempotency_key.as_str())
+        (
+            Decision::Deny,
+            "approval_consumed",
+            a.clone(),
+            runs.idempotency_key.as_str()
+        )
+    );
+    assert_eq!(
+        model_output(&repeat)["error"]["details"]["reason"],
+        "single_use"
     );
     // Another operation of the same call needs an approval of its own.
     let next = bob(&server, "gw-4").await;
@@ -241,7 +253,14 @@ async fn a_gateway_call_waits_for_its_approval_and_runs_once(backend: Backend) {
             &metrics,
             r#"toolgate_decisions_total{tool="refund_order",decision="allow",code=""}"#
         ),
-        2
+        1
+    );
+    assert_eq!(
+        series(
+            &metrics,
+            r#"toolgate_decisions_total{tool="refund_order",decision="deny",code="approval_consumed"}"#
+        ),
+        1
     );
     assert_eq!(
         series(
@@ -271,7 +290,7 @@ async fn a_gateway_call_waits_for_its_approval_and_runs_once(backend: Backend) {
             ("gw-2", "deny", "approval_pending", a.as_str()),
             ("gw-1", "deny", "approval_pending", a.as_str()),
             ("gw-3", "allow", "", a.as_str()),
-            ("gw-3", "allow", "", a.as_str()),
+            ("gw-3", "deny", "approval_consumed", a.as_str()),
             ("gw-4", "approval_required", "approval_required", b.as_str()),
             ("gw-3b", "deny", "approval_pending", b.as_str()),
         ]

@@ -26,6 +26,7 @@ mod entities;
 mod envoy_gateway;
 mod ext_authz;
 mod gateway_approvals;
+mod gateway_attacks;
 mod key_rotation;
 mod ledger;
 mod ledger_crash;
