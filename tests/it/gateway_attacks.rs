@@ -197,9 +197,8 @@ async fn a_case_folded_key_smuggles_no_call_past_the_ext_authz_door() {
     let smuggled: Vec<(&str, String, bool, &str)> = vec![
         (
             "a second `Name`",
-            format!(
-                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"search_docs","arguments":{{"query":"refund policy"}},"Name":"delete_account"}}}}"#
-            ),
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search_docs","arguments":{"query":"refund policy"},"Name":"delete_account"}}"#
+                .to_string(),
             true,
             "delete_account",
         ),
@@ -221,9 +220,8 @@ async fn a_case_folded_key_smuggles_no_call_past_the_ext_authz_door() {
         ),
         (
             "`NAME` spelled with an escape",
-            format!(
-                r#"{{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{{"name":"search_docs","arguments":{{"query":"q"}},"\u004eAME":"delete_account"}}}}"#
-            ),
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"search_docs","arguments":{"query":"q"},"\u004eAME":"delete_account"}}"#
+                .to_string(),
             true,
             "delete_account",
         ),
