@@ -376,39 +376,20 @@ impl AccessPolicy {
         }
     }
 
-    /// The DNS-rebinding guard of an open listener. Open access trusts every
-    /// process that can reach the loopback port, and a browser can reach it
-    /// too: a page of `evil.example` whose name is made to resolve to
-    /// 127.0.0.1 sends requests that are same-origin to the browser, so CORS
-    /// never stops them. Over HTTP/1.x (the only version a browser speaks to
-    /// a plain-text listener; h2c is never a browser) such a request carries
-    /// the page's host in `Host` and its origin in `Origin`. So under open
-    /// access an HTTP/1.x request must name a loopback host (`localhost`,
-    /// 127.0.0.0/8, `[::1]`, with any port; a missing `Host` is refused), and
-    /// an `Origin`, when sent, must be a loopback origin or one of the
-    /// configured gRPC-Web origins (`allowed_origins`, exact). Under grants
-    /// the caller is identified by its transport, and nothing is checked
-    /// here.
-    ///
-    /// # Errors
-    ///
-    /// [`BrowserRefusal`] names which header was refused.
-    pub fn admits_http1(
-        &self,
-        host: Option<&str>,
-        origin: Option<&str>,
-        allowed_origins: &[String],
-    ) -> Result<(), BrowserRefusal> {
-        if matches!(self, Self::Grants(_)) {
-            return Ok(());
-        }
-        if !host.is_some_and(is_loopback_authority) {
-            return Err(BrowserRefusal::Host);
-        }
-        match origin {
-            None => Ok(()),
-            Some(o) if allowed_origins.iter().any(|a| a == o) || is_loopback_origin(o) => Ok(()),
-            Some(_) => Err(BrowserRefusal::Origin),
+    /// Whether the DNS-rebinding guard ([`admits_http1`]) holds on a
+    /// listener of `transport` (DESIGN §9): on every plaintext loopback TCP
+    /// listener, with no grants and with grants alike, since there nothing
+    /// tells a browser's request from a local process's (`cn:`/`san:` need
+    /// TLS with client certificates, `uid:` a Unix socket, so only
+    /// `caller = "any"` grants can match there); and under open access on
+    /// any TCP listener, so a listener that trusts everybody fails closed.
+    /// A Unix socket is out of a browser's reach, and over TLS a rebound
+    /// name fails the browser's own certificate check.
+    #[must_use]
+    pub fn rebinding_guard(&self, transport: Transport) -> bool {
+        match transport {
+            Transport::Unix => false,
+            Transport::Tcp { loopback, tls } => matches!(self, Self::Open) || (loopback && !tls),
         }
     }
 
@@ -428,14 +409,60 @@ impl AccessPolicy {
     }
 }
 
+/// What a listener is, as far as the DNS-rebinding guard cares
+/// ([`AccessPolicy::rebinding_guard`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// TCP: on a loopback address or not, with TLS or plaintext.
+    Tcp {
+        /// The bound address is a loopback one.
+        loopback: bool,
+        /// The listener speaks TLS.
+        tls: bool,
+    },
+    /// A Unix domain socket.
+    Unix,
+}
+
+/// The DNS-rebinding guard, where it holds
+/// ([`AccessPolicy::rebinding_guard`]). A loopback listener trusts every
+/// process that can reach its port, and a browser can reach it too: a page
+/// of `evil.example` whose name is made to resolve to 127.0.0.1 sends
+/// requests that are same-origin to the browser, so CORS never stops them.
+/// Over HTTP/1.x (the only version a browser speaks to a plain-text
+/// listener; h2c is never a browser) such a request carries the page's host
+/// in `Host` and its origin in `Origin`. So an HTTP/1.x request must name a
+/// loopback host (`localhost`, 127.0.0.0/8, `[::1]`, with any port; a
+/// missing `Host` is refused), and an `Origin`, when sent, must be a
+/// loopback origin or one of the configured gRPC-Web origins
+/// (`allowed_origins`, exact).
+///
+/// # Errors
+///
+/// [`BrowserRefusal`] names which header was refused.
+pub fn admits_http1(
+    host: Option<&str>,
+    origin: Option<&str>,
+    allowed_origins: &[String],
+) -> Result<(), BrowserRefusal> {
+    if !host.is_some_and(is_loopback_authority) {
+        return Err(BrowserRefusal::Host);
+    }
+    match origin {
+        None => Ok(()),
+        Some(o) if allowed_origins.iter().any(|a| a == o) || is_loopback_origin(o) => Ok(()),
+        Some(_) => Err(BrowserRefusal::Origin),
+    }
+}
+
 /// The tenants whose ledger records a caller may reconcile without the
 /// attempt's fencing token: its `reconcile` grants' tenants (every tenant
 /// under open access). Set by the access layer on every ledger request.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReconcileScope(pub TenantScope);
 
-/// Which header of an HTTP/1.x request an open listener refused
-/// ([`AccessPolicy::admits_http1`]).
+/// Which header of an HTTP/1.x request the DNS-rebinding guard refused
+/// ([`admits_http1`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BrowserRefusal {
     /// `Host` missing or not a loopback name.
@@ -701,8 +728,7 @@ mod tests {
     }
 
     #[test]
-    fn an_open_listener_admits_only_loopback_hosts_and_origins_over_http1() {
-        let open = AccessPolicy::Open;
+    fn the_guard_admits_only_loopback_hosts_and_origins_over_http1() {
         let allowed = vec!["https://approvals.example.com".to_owned()];
         for host in [
             "127.0.0.1:50051",
@@ -714,11 +740,7 @@ mod tests {
             "[::1]",
             "127.0.0.1",
         ] {
-            assert_eq!(
-                open.admits_http1(Some(host), None, &allowed),
-                Ok(()),
-                "{host}"
-            );
+            assert_eq!(admits_http1(Some(host), None, &allowed), Ok(()), "{host}");
         }
         for host in [
             "evil.example:50051",
@@ -734,13 +756,13 @@ mod tests {
             "",
         ] {
             assert_eq!(
-                open.admits_http1(Some(host), None, &allowed),
+                admits_http1(Some(host), None, &allowed),
                 Err(BrowserRefusal::Host),
                 "{host}"
             );
         }
         assert_eq!(
-            open.admits_http1(None, None, &allowed),
+            admits_http1(None, None, &allowed),
             Err(BrowserRefusal::Host)
         );
         let host = Some("127.0.0.1:50051");
@@ -751,7 +773,7 @@ mod tests {
             "https://approvals.example.com",
         ] {
             assert_eq!(
-                open.admits_http1(host, Some(origin), &allowed),
+                admits_http1(host, Some(origin), &allowed),
                 Ok(()),
                 "{origin}"
             );
@@ -765,17 +787,50 @@ mod tests {
             "localhost:3000",
         ] {
             assert_eq!(
-                open.admits_http1(host, Some(origin), &allowed),
+                admits_http1(host, Some(origin), &allowed),
                 Err(BrowserRefusal::Origin),
                 "{origin}"
             );
         }
-        // Under grants the transport identifies the caller: nothing to check.
-        let grants = AccessPolicy::Grants(Vec::new());
-        assert_eq!(
-            grants.admits_http1(Some("evil.example"), Some("null"), &[]),
-            Ok(())
-        );
+    }
+
+    #[test]
+    fn the_guard_holds_on_every_plaintext_loopback_listener_grants_or_none() {
+        let open = AccessPolicy::Open;
+        let any = AccessPolicy::Grants(vec![Grant {
+            caller: CallerPattern::Any,
+            services: BTreeSet::from([ServiceName::Authorization]),
+            tenants: TenantScope::Any,
+        }]);
+        let plain_loopback = Transport::Tcp {
+            loopback: true,
+            tls: false,
+        };
+        let tls_loopback = Transport::Tcp {
+            loopback: true,
+            tls: true,
+        };
+        let plain_public = Transport::Tcp {
+            loopback: false,
+            tls: false,
+        };
+        let table = [
+            (&open, plain_loopback, true),
+            (&any, plain_loopback, true),
+            (&open, plain_public, true),
+            (&any, plain_public, false),
+            (&open, tls_loopback, true),
+            (&any, tls_loopback, false),
+            (&any, Transport::Unix, false),
+            (&open, Transport::Unix, false),
+        ];
+        for (policy, transport, guarded) in table {
+            assert_eq!(
+                policy.rebinding_guard(transport),
+                guarded,
+                "{policy:?} on {transport:?}"
+            );
+        }
     }
 }
 

@@ -5,6 +5,8 @@
 //! This module owns the *shape* of a non-allow answer. It must not decide
 //! anything: the pipeline picks a code, this table says what the code means.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Value};
 
 /// Every stable error code toolgate can answer with.
@@ -488,13 +490,16 @@ pub fn unknown_tool(name: &str) -> Envelope {
 /// How long a model-supplied name may be before it is cut in messages.
 const MAX_ECHO: usize = 64;
 
-/// A model-supplied string cut to a length safe to echo.
+/// A model-supplied string cut to a length safe to echo, its control
+/// characters escaped ([`crate::decode::shown`]): a message shows what was
+/// sent and never acts on the reader's terminal or log viewer.
 pub fn echo(s: &str) -> String {
-    if s.chars().count() <= MAX_ECHO {
-        s.to_owned()
+    let cut: Cow<'_, str> = if s.chars().count() <= MAX_ECHO {
+        Cow::Borrowed(s)
     } else {
-        s.chars().take(MAX_ECHO).chain("…".chars()).collect()
-    }
+        Cow::Owned(s.chars().take(MAX_ECHO).chain("…".chars()).collect())
+    };
+    crate::decode::shown(&cut).into_owned()
 }
 
 #[cfg(test)]

@@ -283,11 +283,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::CheckConfig(args) => {
             let config = args.load()?;
             println!(
-                "ok: listen {:?}, {} access grant(s), audit {:?}, metrics {}",
+                "ok: listen {:?}, {} access grant(s), dns-rebinding guard {}, audit {:?}, metrics {}",
                 config.listen,
                 match &config.access {
                     toolgate::access::AccessPolicy::Open => 0,
                     toolgate::access::AccessPolicy::Grants(g) => g.len(),
+                },
+                if config.rebinding_guard() {
+                    "on"
+                } else {
+                    "off"
                 },
                 config.audit.sink,
                 config

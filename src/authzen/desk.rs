@@ -188,10 +188,41 @@ fn error_response(refused: &Refused) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    if refused.status == StatusCode::UNAUTHORIZED {
+        // RFC 9110 §15.5.2: a 401 says how to authenticate; with no error
+        // code, as RFC 6750 §3.1 asks when the request had no credentials
+        // (a token that is there but invalid is the pipeline's decision).
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
     response
 }
 
 impl AuthzenDesk {
+    /// With `require_identity_token`, a request that brings no identity
+    /// token is not evaluated: `401` (AuthZEN §12, DESIGN §11.1), before
+    /// its body is read. A token that is there but invalid, or that the
+    /// body disagrees with, is decided `unauthorized` by the pipeline.
+    fn authenticated(&self, incoming: &Incoming) -> Result<(), Refused> {
+        if self.require_identity_token && incoming.identity_token.is_empty() {
+            return Err(Refused {
+                status: StatusCode::UNAUTHORIZED,
+                reason: "missing_identity_token",
+                message: if self.config.identity_token_header == "authorization" {
+                    "the request brings no identity token (send `Authorization: Bearer <token>`)"
+                        .to_owned()
+                } else {
+                    format!(
+                        "the request brings no identity token (send it in `{}`)",
+                        self.config.identity_token_header
+                    )
+                },
+            });
+        }
+        Ok(())
+    }
+
     /// Records a refused request (or evaluation): one event.
     async fn audit_refusal(&self, incoming: &Incoming, refused: &Refused) {
         let request_id = incoming
@@ -325,6 +356,7 @@ impl AuthzenDesk {
     async fn evaluation(&self, req: http::Request<Body>) -> Response {
         let incoming = incoming(self, &req, EVALUATION_PATH);
         let answer = async {
+            self.authenticated(&incoming)?;
             let body = self.body(req, EVALUATION_PATH).await?;
             let entry = super::parse_evaluation(&body, &self.config, self.transport(&incoming))
                 .map_err(Refused::bad_request)?;
@@ -342,6 +374,7 @@ impl AuthzenDesk {
     async fn evaluations(&self, req: http::Request<Body>) -> Response {
         let incoming = incoming(self, &req, EVALUATIONS_PATH);
         let answer = async {
+            self.authenticated(&incoming)?;
             let body = self.body(req, EVALUATIONS_PATH).await?;
             let batch = super::parse_evaluations(&body, &self.config, self.transport(&incoming))
                 .map_err(Refused::bad_request)?;
@@ -419,6 +452,7 @@ impl AuthzenDesk {
     async fn search_action(&self, req: http::Request<Body>) -> Response {
         let incoming = incoming(self, &req, SEARCH_ACTION_PATH);
         let answer = async {
+            self.authenticated(&incoming)?;
             let body = self.body(req, SEARCH_ACTION_PATH).await?;
             let search =
                 super::parse_action_search(&body, &self.config, self.transport(&incoming))
@@ -469,33 +503,45 @@ impl AuthzenDesk {
                 message: format!("`{METADATA_PATH}` takes GET"),
             });
         }
+        // Never the request's `Host` or authority: that is the client's
+        // text, and a cache or a rebound page would hand it to the next
+        // reader as where to send its requests (DESIGN §9).
         let base = match &self.config.policy_decision_point {
             Some(pdp) => pdp.trim_end_matches('/').to_owned(),
             None => {
-                let host = req
-                    .uri()
-                    .authority()
-                    .map(|a| a.as_str().to_owned())
-                    .or_else(|| single(req.headers(), "host").map(str::to_owned))
-                    .ok_or_else(|| Refused {
-                        status: StatusCode::BAD_REQUEST,
-                        reason: "no_host",
-                        message: "the request names no host".to_owned(),
-                    })?;
                 let scheme = if self.tls { "https" } else { "http" };
-                format!("{scheme}://{host}")
+                format!("{scheme}://{}", listener_authority(req.extensions()))
             }
         };
         Ok(super::metadata(&base, &self.config, true))
     }
 }
 
+/// The address the request reached: the listener's own (for a listener on
+/// `0.0.0.0`, the interface the connection came in on). A Unix socket has
+/// none to name: `localhost`, as HTTP over Unix sockets writes it.
+fn listener_authority(ext: &http::Extensions) -> String {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    ext.get::<TcpConnectInfo>()
+        .or_else(|| {
+            ext.get::<TlsConnectInfo<TcpConnectInfo>>()
+                .map(TlsConnectInfo::get_ref)
+        })
+        .and_then(TcpConnectInfo::local_addr)
+        .map_or_else(|| "localhost".to_owned(), |a| a.to_string())
+}
+
 async fn metadata(State(desk): State<Arc<AuthzenDesk>>, req: http::Request<Body>) -> Response {
     let incoming = incoming(&desk, &req, METADATA_PATH);
-    let response = match desk.metadata(&req) {
+    let mut response = match desk.metadata(&req) {
         Ok(v) => json_response(&v),
         Err(refused) => desk.refuse(&incoming, &refused).await,
     };
+    // What it names depends on the listener and the configuration, and is
+    // not to be kept by a cache between the client and here.
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     with_request_id(response, incoming.request_id)
 }
 

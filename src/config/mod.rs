@@ -204,6 +204,28 @@ pub struct TlsFiles {
 }
 
 impl Config {
+    /// Whether the DNS-rebinding guard holds on the configured listener
+    /// ([`AccessPolicy::rebinding_guard`]), as `check-config` reports it.
+    /// The server decides on the address it bound; here a TCP address is
+    /// loopback when it is a loopback IP or the name `localhost`.
+    #[must_use]
+    pub fn rebinding_guard(&self) -> bool {
+        let transport = match &self.listen {
+            ListenAddr::Unix(_) => crate::access::Transport::Unix,
+            ListenAddr::Tcp(text) => crate::access::Transport::Tcp {
+                loopback: text
+                    .parse::<std::net::SocketAddr>()
+                    .map(|a| a.ip().is_loopback())
+                    .unwrap_or_else(|_| {
+                        text.rsplit_once(':')
+                            .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
+                    }),
+                tls: self.tls.is_some(),
+            },
+        };
+        self.access.rebinding_guard(transport)
+    }
+
     /// Loads `path` (or `./toolgate.toml` if it exists and no path is
     /// given), then applies the overrides.
     ///

@@ -142,6 +142,17 @@ impl ConsoleDesk {
             .to_owned()
     }
 
+    /// A token header sent more than once, if any: the proxy's, or
+    /// `Authorization`. Such a request says two things about who is asking
+    /// and is refused, rather than taken at one of them (or at the
+    /// client's own `Authorization` behind the proxy's back).
+    fn repeated_token_header(&self, headers: &HeaderMap) -> Option<String> {
+        [self.config.token_header.as_str(), "authorization"]
+            .into_iter()
+            .find(|name| headers.get_all(*name).iter().nth(1).is_some())
+            .map(str::to_owned)
+    }
+
     /// Whether the token came from the proxy's header.
     fn via_proxy(&self, headers: &HeaderMap) -> bool {
         self.config.token_header != "authorization"
@@ -183,6 +194,12 @@ async fn handle(
         return text(
             StatusCode::FORBIDDEN,
             "the console API answers only the console's own page",
+        );
+    }
+    if let Some(name) = desk.repeated_token_header(&parts.headers) {
+        return text(
+            StatusCode::BAD_REQUEST,
+            &format!("the header `{name}` is sent more than once: send the token once"),
         );
     }
     let api = api.to_owned();

@@ -46,6 +46,7 @@
 
 mod canonical;
 mod fold;
+mod shown;
 mod strict;
 
 #[cfg(test)]
@@ -55,4 +56,5 @@ mod property_tests;
 
 pub use canonical::{CanonicalError, canonical_json, idempotency_key, sha256_hex};
 pub use fold::folded_key;
+pub use shown::shown;
 pub use strict::{DecodeError, Limits, parse_strict};

@@ -67,7 +67,8 @@ impl Default for Limits {
 }
 
 /// Why bytes were not accepted as JSON. Messages never quote the input; a JSON
-/// pointer (in backticks) and byte offsets are the only input-derived parts.
+/// pointer (in backticks, its control characters escaped by
+/// [`super::shown`]) and byte offsets are the only input-derived parts.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DecodeError {
     /// The input is longer than [`Limits::max_bytes`]; nothing was parsed.
@@ -84,14 +85,14 @@ pub enum DecodeError {
     },
     /// An object repeats a key (compared after unescaping); `pointer` is the
     /// RFC 6901 pointer of the repeated member and `position` its key's quote.
-    #[error("duplicate object key `{pointer}` at byte {position}")]
+    #[error("duplicate object key `{}` at byte {position}", super::shown(.pointer))]
     DuplicateKey { position: usize, pointer: String },
     /// A number outside what every I-JSON peer reads identically: an integer
     /// literal beyond ±(2^53 − 1), a literal that overflows to infinity or
     /// underflows a non-zero value to zero, or any other literal whose nearest
     /// double would be printed in canonical form as an integer beyond ±(2^53 − 1)
     /// (a magnitude from 2^53 up to, not including, 1e21).
-    #[error("number `{pointer}` at byte {position} is out of the interoperable range")]
+    #[error("number `{}` at byte {position} is out of the interoperable range", super::shown(.pointer))]
     NumberOutOfRange { position: usize, pointer: String },
 }
 

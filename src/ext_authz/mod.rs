@@ -415,13 +415,17 @@ pub fn session_request_id(session_id: &str, id: &Value) -> String {
     format!("mcp-session:{session_id}:{id}")
 }
 
-/// Every `toolgate-*` header the client sent but `keep`.
+/// Every `toolgate-*` header the client sent but `keep`, and every one
+/// spelt with underscores (`toolgate_decision_id`): a CGI, WSGI or Rack
+/// upstream reads both spellings as the same `HTTP_TOOLGATE_DECISION_ID`,
+/// so a client's underscored header would pass for ours. `keep` names only
+/// the hyphenated headers this answer sets (which overwrite the client's).
 fn forged(req: &HttpRequest, keep: &[&str]) -> Vec<String> {
     let mut names: Vec<String> = req
         .headers
         .iter()
         .map(|(n, _)| n.to_ascii_lowercase())
-        .filter(|n| n.starts_with(HEADER_PREFIX) && !keep.contains(&n.as_str()))
+        .filter(|n| n.replace('_', "-").starts_with(HEADER_PREFIX) && !keep.contains(&n.as_str()))
         .collect();
     names.sort();
     names.dedup();

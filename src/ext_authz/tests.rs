@@ -213,6 +213,9 @@ fn a_pass_removes_every_toolgate_header_the_client_sent() {
         &[
             ("toolgate-decision-id", "forged"),
             ("toolgate-x", "y"),
+            ("Toolgate_Decision_Id", "forged"),
+            ("toolgate_idempotency-key", "forged"),
+            ("toolgatex", "not ours"),
             ("accept", "*/*"),
         ],
     );
@@ -220,7 +223,12 @@ fn a_pass_removes_every_toolgate_header_the_client_sent() {
         pass(&req),
         Answer::Allow {
             set: vec![],
-            remove: vec!["toolgate-decision-id".into(), "toolgate-x".into()],
+            remove: vec![
+                "toolgate-decision-id".into(),
+                "toolgate-x".into(),
+                "toolgate_decision_id".into(),
+                "toolgate_idempotency-key".into(),
+            ],
         }
     );
 }

@@ -77,15 +77,25 @@ const fn service_label(target: Target) -> &'static str {
 #[derive(Debug, Clone)]
 pub struct AccessLayer {
     policy: Arc<AccessPolicy>,
-    /// The configured gRPC-Web origins, which an open listener's
-    /// DNS-rebinding guard also admits.
+    /// Whether the DNS-rebinding guard holds on this listener
+    /// ([`AccessPolicy::rebinding_guard`]).
+    guarded: bool,
+    /// The configured gRPC-Web origins, which the DNS-rebinding guard also
+    /// admits.
     origins: Arc<[String]>,
     metrics: Arc<Metrics>,
 }
 
 impl AccessLayer {
-    pub fn new(policy: AccessPolicy, origins: &[String], metrics: Arc<Metrics>) -> Self {
+    /// The layer of a listener of `transport` under `policy`.
+    pub fn new(
+        policy: AccessPolicy,
+        transport: crate::access::Transport,
+        origins: &[String],
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
+            guarded: policy.rebinding_guard(transport),
             policy: Arc::new(policy),
             origins: origins.into(),
             metrics,
@@ -103,7 +113,8 @@ fn single_header(headers: &http::HeaderMap, name: http::header::HeaderName) -> O
     }
 }
 
-/// The DNS-rebinding guard ([`AccessPolicy::admits_http1`]) on an HTTP/1.x
+/// The DNS-rebinding guard ([`crate::access::admits_http1`]), where it
+/// holds, on an HTTP/1.x
 /// request: the authority is the request target's when it is in absolute
 /// form (RFC 9112 §3.2.2), else `Host`. h2 is never a browser on a
 /// plain-text listener, so it is not checked.
@@ -111,7 +122,7 @@ fn browser_refusal(
     layer: &AccessLayer,
     req: &http::Request<Body>,
 ) -> Option<crate::access::BrowserRefusal> {
-    if req.version() > http::Version::HTTP_11 {
+    if !layer.guarded || req.version() > http::Version::HTTP_11 {
         return None;
     }
     let headers = req.headers();
@@ -125,10 +136,7 @@ fn browser_refusal(
     } else {
         None
     };
-    layer
-        .policy
-        .admits_http1(host, origin, &layer.origins)
-        .err()
+    crate::access::admits_http1(host, origin, &layer.origins).err()
 }
 
 impl<S> tower::Layer<S> for AccessLayer {
@@ -177,14 +185,14 @@ where
             // The header values are the attacker's text: not logged.
             tracing::warn!(
                 reason,
-                "HTTP/1.1 request refused on the open loopback listener (DNS rebinding guard)"
+                "HTTP/1.1 request refused on the plaintext loopback listener (DNS rebinding guard)"
             );
             let message = match refusal {
                 crate::access::BrowserRefusal::Host => {
-                    "an open loopback listener serves only requests addressed to a loopback host"
+                    "a plaintext loopback listener serves only requests addressed to a loopback host"
                 }
                 crate::access::BrowserRefusal::Origin => {
-                    "an open loopback listener serves browsers only from a loopback origin or a configured grpc_web.allowed_origins entry"
+                    "a plaintext loopback listener serves browsers only from a loopback origin or a configured grpc_web.allowed_origins entry"
                 }
             };
             if let Target::Service(service) = target

@@ -313,21 +313,33 @@ pub async fn serve(
         let _ = stopped.wait_for(|s| *s).await;
         tokio::time::sleep(drain + grace).await;
     };
-    let (listener, socket_path) = match listener.into() {
+    let (listener, socket_path, transport) = match listener.into() {
         // TCP_NODELAY: without it a response's last frame waits for the
         // client's delayed ACK, some 40 ms on every call.
-        Listener::Tcp(l) => (
-            Incoming::Tcp(TcpIncoming::from(l).with_nodelay(Some(true))),
-            None,
-        ),
+        Listener::Tcp(l) => {
+            // The bound address decides, not the configured text: a name
+            // like `localhost` is loopback too. An address that cannot be
+            // read counts as loopback, so the guard fails closed.
+            let loopback = l.local_addr().map_or(true, |a| a.ip().is_loopback());
+            (
+                Incoming::Tcp(TcpIncoming::from(l).with_nodelay(Some(true))),
+                None,
+                crate::access::Transport::Tcp {
+                    loopback,
+                    tls: options.tls.is_some(),
+                },
+            )
+        }
         Listener::Unix { listener, path } => (
             Incoming::Unix(UnixListenerStream::new(listener)),
             Some(path),
+            crate::access::Transport::Unix,
         ),
     };
     let served = Served {
         routes,
         options: &options,
+        transport,
         metrics: &metrics_layer,
     };
     let server = async {
@@ -359,6 +371,8 @@ enum Incoming {
 struct Served<'a> {
     routes: Routes,
     options: &'a ServeOptions,
+    /// What the listener is, for the DNS-rebinding guard.
+    transport: crate::access::Transport,
     metrics: &'a Arc<Metrics>,
 }
 
@@ -401,6 +415,7 @@ where
     let Served {
         routes,
         options,
+        transport,
         metrics,
     } = served;
     Server::builder()
@@ -410,6 +425,7 @@ where
         .layer(web::GrpcWebExceptDoorLayer)
         .layer(admission::AccessLayer::new(
             options.access.clone(),
+            transport,
             &options.cors_origins,
             Arc::clone(metrics),
         ))

@@ -993,7 +993,8 @@ async fn with_required_tokens_the_principal_is_the_tokens() {
         assert_eq!(answer["context"]["reason"], "unauthorized");
         assert_eq!(answer["context"]["reason_user"], unauthorized);
     }
-    // No token at all: not allowed, whatever the body says.
+    // No token at all: not evaluated, whatever the body says (AuthZEN
+    // §12: the PEP did not authenticate), and never a decision.
     let mut claimed = body.clone();
     claimed["subject"]["properties"] = json!({"tenant": "acme", "roles": ["treasury"]});
     let answer = post(
@@ -1002,14 +1003,23 @@ async fn with_required_tokens_the_principal_is_the_tokens() {
         EVALUATION,
         &claimed.to_string(),
     )
-    .await
-    .json();
-    assert_eq!(answer["decision"], false);
-    assert_eq!(answer["context"]["reason"], "unauthorized");
-    assert_eq!(answer["context"]["reason_user"], unauthorized);
+    .await;
+    assert_eq!(
+        (answer.status, answer.text()),
+        (
+            401,
+            "the request brings no identity token (send `Authorization: Bearer <token>`)"
+                .to_owned()
+        )
+    );
+    assert_eq!(answer.header("www-authenticate"), Some("Bearer"));
     let events = audit_events(&server, &dir).await;
+    let refused = events_of(&events, "request_refused");
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0]["status"], 401);
+    assert_eq!(refused[0]["reason"], "missing_identity_token");
     let decisions = events_of(&events, "decision");
-    assert_eq!(decisions.len(), 6);
+    assert_eq!(decisions.len(), 5);
     assert!(decisions[1..].iter().all(|d| d["code"] == "unauthorized"));
     assert_eq!(decisions[0]["tenant"], "acme");
     assert_eq!(decisions[0]["subject"], "tess");
@@ -1121,7 +1131,7 @@ async fn the_rebinding_guard_applies_to_http1() {
         (refused.status, refused.text()),
         (
             403,
-            "an open loopback listener serves only requests addressed to a loopback host"
+            "a plaintext loopback listener serves only requests addressed to a loopback host"
                 .to_owned()
         )
     );
@@ -1379,10 +1389,11 @@ async fn action_search_answers_the_tools_a_principal_may_call() {
         (answer.status, answer.text()),
         (
             401,
-            "the subject's identity token is missing, invalid, or disagrees with the request"
+            "the request brings no identity token (send `Authorization: Bearer <token>`)"
                 .to_owned()
         )
     );
+    assert_eq!(answer.header("www-authenticate"), Some("Bearer"));
     let bearer = format!("Bearer {}", token("tess", "acme", &["treasury"]));
     let answer = send(
         server.addr,
@@ -1486,14 +1497,15 @@ async fn over_mutual_tls_both_versions_are_negotiated_and_the_gateway_is_granted
                 );
             }
         }
-        // The metadata names the https endpoints it was reached at.
+        // The metadata names the https endpoints of the listener's own
+        // address, not the authority the client wrote (DESIGN §9).
         let io = tls_connect(server.addr, &pki.ca_pem, &gateway, version).await;
         let meta = exchange(io, "https", &authority, version, "GET", METADATA, &[], b"")
             .await
             .json();
         assert_eq!(
             meta["access_evaluation_endpoint"],
-            format!("https://{authority}/access/v1/evaluation")
+            format!("https://{}/access/v1/evaluation", server.addr)
         );
     }
     let events = audit_events(&server, &dir).await;

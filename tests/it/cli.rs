@@ -361,7 +361,9 @@ fn check_config_loads_the_example_and_refuses_unknown_variables() {
     let (code, text) = run(&[]);
     assert_eq!(code, Some(0), "{text}");
     assert!(
-        text.starts_with("ok: listen Tcp(\"0.0.0.0:50051\"), 4 access grant(s)"),
+        text.starts_with(
+            "ok: listen Tcp(\"0.0.0.0:50051\"), 4 access grant(s), dns-rebinding guard off,"
+        ),
         "{text}"
     );
     let (code, text) = run(&[("TOOLGATE_METRICS_LISTN", "127.0.0.1:1")]);
