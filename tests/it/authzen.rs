@@ -57,7 +57,7 @@ impl Answer {
         String::from_utf8(self.body.clone()).unwrap()
     }
 
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).map(|v| v.to_str().unwrap())
     }
 }
@@ -153,6 +153,19 @@ where
 }
 
 /// A POST of `body` as `application/json`.
+/// The `401` of a request that brings no identity token (AuthZEN §12).
+pub(crate) fn refused_for_no_token(answer: &Answer) {
+    assert_eq!(
+        (answer.status, answer.text()),
+        (
+            401,
+            "the request brings no identity token (send `Authorization: Bearer <token>`)"
+                .to_owned()
+        )
+    );
+    assert_eq!(answer.header("www-authenticate"), Some("Bearer"));
+}
+
 pub(crate) async fn post(addr: SocketAddr, version: Version, path: &str, body: &str) -> Answer {
     send(
         addr,
@@ -1004,15 +1017,7 @@ async fn with_required_tokens_the_principal_is_the_tokens() {
         &claimed.to_string(),
     )
     .await;
-    assert_eq!(
-        (answer.status, answer.text()),
-        (
-            401,
-            "the request brings no identity token (send `Authorization: Bearer <token>`)"
-                .to_owned()
-        )
-    );
-    assert_eq!(answer.header("www-authenticate"), Some("Bearer"));
+    refused_for_no_token(&answer);
     let events = audit_events(&server, &dir).await;
     let refused = events_of(&events, "request_refused");
     assert_eq!(refused.len(), 1);
@@ -1385,15 +1390,7 @@ async fn action_search_answers_the_tools_a_principal_may_call() {
         "resource": {"type": "mcp_server", "id": "x"}})
     .to_string();
     let answer = post(server.addr, Version::H2, SEARCH_ACTION, &body).await;
-    assert_eq!(
-        (answer.status, answer.text()),
-        (
-            401,
-            "the request brings no identity token (send `Authorization: Bearer <token>`)"
-                .to_owned()
-        )
-    );
-    assert_eq!(answer.header("www-authenticate"), Some("Bearer"));
+    refused_for_no_token(&answer);
     let bearer = format!("Bearer {}", token("tess", "acme", &["treasury"]));
     let answer = send(
         server.addr,

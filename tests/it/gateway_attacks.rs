@@ -258,7 +258,8 @@ async fn a_case_folded_key_smuggles_no_call_past_the_ext_authz_door() {
         ),
         (
             r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"search_docs","name\u0000":"delete_account","arguments":{"query":"q"}}}"#,
-            "/params/name\u{0}",
+            // (NUL shown escaped: a message never carries a control character.)
+            r"/params/name\u{0}",
         ),
     ];
     for (body, pointer) in refused {

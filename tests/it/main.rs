@@ -27,6 +27,7 @@ mod envoy_gateway;
 mod ext_authz;
 mod gateway_approvals;
 mod gateway_attacks;
+mod gateway_hardening;
 mod key_rotation;
 mod ledger;
 mod ledger_crash;
