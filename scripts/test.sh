@@ -11,7 +11,10 @@
 # schemas and roles; Node.js 20 or later and npm (TOOLGATE_NODE, default
 # node); Python 3.10 or later with venv; the conformance suites
 # (TOOLGATE_CONFORMANCE_DIR, default ../shared/conformance beside the
-# repository).
+# repository). Go (TOOLGATE_GO, default go), whose encoding/json is the
+# case-insensitive upstream of the gateway attack tests, and Debian's
+# chromium for the console's browser test are installed with apt-get when
+# missing (see below).
 #
 # --allow-skips goes on when something skippable is missing: the tests that
 # need it skip instead of failing (TOOLGATE_ALLOW_SKIPS=1), each skip is
