@@ -20,6 +20,7 @@ use libfuzzer_sys::fuzz_target;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 use toolgate::decode::{Limits, canonical_json, parse_strict};
+use toolgate::ext_authz::{ExtAuthzConfig, HttpRequest, Read, read};
 
 /// A JSON document as a last-wins, case-insensitive reader holds it: every
 /// member, in order.
@@ -133,29 +134,22 @@ fn agrees(strict: &Value, loose: &Loose) -> bool {
         (Value::Array(items), Loose::Array(loose)) => {
             items.len() == loose.len() && items.iter().zip(loose).all(|(v, l)| agrees(v, l))
         }
+        // Numbers by their canonical text: `-0` and `0`, `1E2` and `100`
+        // are one value to toolgate's hash and to every reader.
+        (Value::Number(_), Loose::Scalar(l @ Value::Number(_))) => {
+            canonical_json(strict).ok() == canonical_json(l).ok()
+        }
         (v, Loose::Scalar(l)) => v == l,
         _ => false,
     }
 }
 
-/// The decision's inputs as the other reader finds them: the method, the
-/// tool and the arguments.
-fn reading(doc: &Loose) -> (Option<&Value>, Option<&Value>, Option<&Loose>) {
-    let Loose::Object(top) = doc else {
-        return (None, None, None);
-    };
-    let method = match field(top, "method") {
-        Some(Loose::Scalar(v)) => Some(v),
+/// Member `name` of an object, as the other reader finds it.
+fn member<'a>(doc: Option<&'a Loose>, name: &str) -> Option<&'a Loose> {
+    match doc {
+        Some(Loose::Object(members)) => field(members, name),
         _ => None,
-    };
-    let Some(Loose::Object(params)) = field(top, "params") else {
-        return (method, None, None);
-    };
-    let name = match field(params, "name") {
-        Some(Loose::Scalar(v)) => Some(v),
-        _ => None,
-    };
-    (method, name, field(params, "arguments"))
+    }
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -169,16 +163,44 @@ fuzz_target!(|data: &[u8]| {
     let mut de = serde_json::Deserializer::from_slice(data);
     let loose = Loose::deserialize(&mut de).expect("serde_json reads what toolgate accepted");
     de.end().expect("one document");
-    // The method, the tool and the arguments toolgate decides on are the
-    // ones the other reader runs...
-    let (method, name, arguments) = reading(&loose);
-    assert_eq!(method, strict.get("method"), "the method differs");
-    let params = strict.get("params");
-    assert_eq!(name, params.and_then(|p| p.get("name")), "the tool differs");
-    if let Some(args) = params.and_then(|p| p.get("arguments")) {
-        let l = arguments.expect("the other reader finds the arguments");
-        assert!(agrees(args, l), "the arguments differ");
-        canonical_json(args).expect("accepted arguments have a canonical form");
+    // What the ext_authz door makes of the body: refused, passed (not a
+    // tools/call), or one tools/call of a tool with arguments.
+    let request = HttpRequest {
+        method: "POST".into(),
+        path: "/mcp".into(),
+        headers: Vec::new(),
+        body: data.to_vec(),
+        partial: false,
+    };
+    let method = member(Some(&loose), "method");
+    let params = member(Some(&loose), "params");
+    match read(&request, &ExtAuthzConfig::default(), &limits) {
+        Err(_) => return,
+        // What passes unchecked is no tools/call to the other reader.
+        Ok(Read::Pass) => assert!(
+            !matches!(method, Some(Loose::Scalar(Value::String(m))) if m == "tools/call"),
+            "a tools/call passed unchecked"
+        ),
+        // What is decided is the call the other reader runs.
+        Ok(Read::ToolCall(call)) => {
+            assert!(
+                matches!(method, Some(Loose::Scalar(Value::String(m))) if m == "tools/call"),
+                "the method differs"
+            );
+            assert!(
+                matches!(member(params, "name"), Some(Loose::Scalar(Value::String(n))) if *n == call.tool),
+                "the tool differs"
+            );
+            let decided = parse_strict(&call.arguments, &limits).expect("the decided arguments");
+            // `null` arguments are none, to toolgate and to Go (a nil map).
+            let run =
+                member(params, "arguments").filter(|a| !matches!(a, Loose::Scalar(Value::Null)));
+            let empty = Loose::Object(Vec::new());
+            assert!(
+                agrees(&decided, run.unwrap_or(&empty)),
+                "the arguments differ"
+            );
+        }
     }
     // ...and so is every other value of the document.
     assert!(agrees(&strict, &loose), "the documents differ");

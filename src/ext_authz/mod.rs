@@ -321,6 +321,10 @@ pub fn read(req: &HttpRequest, config: &ExtAuthzConfig, limits: &Limits) -> Resu
         }
     };
     let id = object.get("id").cloned().unwrap_or(Value::Null);
+    misspelt(
+        &object,
+        &["jsonrpc", "id", "method", "params", "result", "error"],
+    )?;
     let method = match object.get("method") {
         Some(Value::String(m)) => m.as_str(),
         // A response to the server's own request (sampling, elicitation).
@@ -353,6 +357,31 @@ pub fn read(req: &HttpRequest, config: &ExtAuthzConfig, limits: &Limits) -> Resu
     tool_call(req, &object, id).map(Read::ToolCall)
 }
 
+/// A member whose name a case-insensitive reader takes for one of `known`
+/// but is not spelt as it (`Method`, `Arguments`, `paramſ`, `name\0`):
+/// refused, since toolgate would read the message without it and the
+/// upstream with it (a lone `Arguments` beside no `arguments` is no
+/// duplicate, yet Go's `encoding/json` runs it as the arguments).
+fn misspelt(object: &Map<String, Value>, known: &[&str]) -> Result<(), Refusal> {
+    for key in object.keys() {
+        let folded = decode::folded_key(key);
+        if let Some(name) = known
+            .iter()
+            .find(|k| **k != key.as_str() && decode::folded_key(k) == folded)
+        {
+            return Err(invalid_request(
+                "misspelt_member",
+                Value::Null,
+                format!(
+                    "the member `{}` is not `{name}`: JSON-RPC member names are exact",
+                    crate::envelope::echo(key)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn tool_call(
     req: &HttpRequest,
     message: &Map<String, Value>,
@@ -368,6 +397,7 @@ fn tool_call(
     let Some(params) = message.get("params").and_then(Value::as_object) else {
         return Err(invalid_params(id, "`params` must be an object"));
     };
+    misspelt(params, &["name", "arguments", "_meta"])?;
     let tool = match params.get("name") {
         Some(Value::String(n)) if !n.is_empty() => n.clone(),
         _ => return Err(invalid_params(id, "`params.name` must name a tool")),

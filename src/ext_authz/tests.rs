@@ -245,3 +245,40 @@ fn a_tool_error_echoes_the_id_with_the_text() {
         }})
     );
 }
+
+/// A member a case-insensitive reader takes for an envelope member, but not
+/// spelt as it, is refused even alone (no duplicate): toolgate would read
+/// the message without it, Go's `encoding/json` with it. Found by the
+/// `differential_envelope` fuzz target.
+#[test]
+fn a_misspelt_envelope_member_is_refused_even_alone() {
+    let cases = [
+        // A tools/call whose arguments only Go sees.
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_order","Arguments":{"order_id":"o2"}}}"#,
+            "the member `Arguments` is not `arguments`: JSON-RPC member names are exact",
+        ),
+        // A "response" that passes unchecked here and is a tools/call there.
+        (
+            r#"{"jsonrpc":"2.0","id":1,"result":{},"Method":"tools/call","params":{"name":"delete_account"}}"#,
+            "the member `Method` is not `method`: JSON-RPC member names are exact",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","param\u017f":{"name":"x"}}"#,
+            "the member `param\u{17f}` is not `params`: JSON-RPC member names are exact",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_order","_META":{}}}"#,
+            "the member `_META` is not `_meta`: JSON-RPC member names are exact",
+        ),
+    ];
+    let config = ExtAuthzConfig::default();
+    for (body, message) in cases {
+        let r = read(&post(body, &[]), &config, &limits()).unwrap_err();
+        assert_eq!(
+            (r.status, r.reason, r.message.as_str()),
+            (400, "misspelt_member", message),
+            "{body}"
+        );
+    }
+}
