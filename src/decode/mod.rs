@@ -45,7 +45,9 @@
 //! ```
 
 mod canonical;
+mod error;
 mod fold;
+mod lexer;
 mod shown;
 mod strict;
 
@@ -53,8 +55,11 @@ mod strict;
 mod conformance_tests;
 #[cfg(test)]
 mod property_tests;
+#[cfg(test)]
+mod strict_tests;
 
 pub use canonical::{CanonicalError, canonical_json, idempotency_key, sha256_hex};
+pub use error::DecodeError;
 pub use fold::folded_key;
 pub use shown::shown;
-pub use strict::{DecodeError, Limits, parse_strict};
+pub use strict::{Limits, parse_strict};

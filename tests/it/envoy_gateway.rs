@@ -56,10 +56,9 @@ fn envoy_dir() -> PathBuf {
 /// The first ```yaml block of the "Behind Envoy" section of
 /// `docs/gateways.md` (the README's guide).
 fn readme_envoy_config() -> String {
-    let readme = std::fs::read_to_string(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/gateways.md"),
-    )
-    .unwrap();
+    let readme =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/gateways.md"))
+            .unwrap();
     let section = readme
         .find("## Behind Envoy")
         .expect("a Behind Envoy section");
