@@ -140,6 +140,16 @@ pub enum ListenAddr {
     Unix(PathBuf),
 }
 
+impl ListenAddr {
+    /// Whether this is a TCP address on the loopback interface (`listen`
+    /// takes IP addresses only, so the address is the one bound).
+    #[must_use]
+    pub fn is_loopback_tcp(&self) -> bool {
+        matches!(self, Self::Tcp(text)
+            if text.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback()))
+    }
+}
+
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -206,20 +216,14 @@ pub struct TlsFiles {
 impl Config {
     /// Whether the DNS-rebinding guard holds on the configured listener
     /// ([`AccessPolicy::rebinding_guard`]), as `check-config` reports it.
-    /// The server decides on the address it bound; here a TCP address is
-    /// loopback when it is a loopback IP or the name `localhost`.
+    /// Decided on [`ListenAddr::is_loopback_tcp`], as the server decides
+    /// on the address it bound.
     #[must_use]
     pub fn rebinding_guard(&self) -> bool {
         let transport = match &self.listen {
             ListenAddr::Unix(_) => crate::access::Transport::Unix,
-            ListenAddr::Tcp(text) => crate::access::Transport::Tcp {
-                loopback: text
-                    .parse::<std::net::SocketAddr>()
-                    .map(|a| a.ip().is_loopback())
-                    .unwrap_or_else(|_| {
-                        text.rsplit_once(':')
-                            .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
-                    }),
+            ListenAddr::Tcp(_) => crate::access::Transport::Tcp {
+                loopback: self.listen.is_loopback_tcp(),
                 tls: self.tls.is_some(),
             },
         };

@@ -339,9 +339,7 @@ pub(super) fn access_policy(
     tls: Option<&TlsFiles>,
 ) -> Result<AccessPolicy, ConfigError> {
     if raw.is_empty() {
-        let loopback = matches!(listen, ListenAddr::Tcp(a)
-            if a.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback()));
-        if loopback && tls.is_none() {
+        if listen.is_loopback_tcp() && tls.is_none() {
             return Ok(AccessPolicy::Open);
         }
         return Err(invalid(

@@ -333,6 +333,12 @@ fn grants_must_fit_the_listener() {
         public_open,
         ConfigError::Invalid { key: "access", .. }
     ));
+    // A loopback listener: open, and guarded.
+    for listen in ["127.0.0.1:50051", "127.0.0.2:1", "[::1]:50051"] {
+        let config = load(&format!("listen = \"{listen}\"\n"), &[]).unwrap();
+        assert_eq!(config.access, AccessPolicy::Open, "{listen}");
+        assert!(config.rebinding_guard(), "{listen}");
+    }
     let cn_without_mtls = load(
         "[[access]]\ncaller = \"cn:approval-ui\"\nservices = [\"approvals\"]\n",
         &[],
