@@ -1,8 +1,11 @@
 //! The library's module graph, computed from `src/`, and the layering
 //! `ARCHITECTURE.md` promises: no dependency cycle between modules (a
 //! `mod.rs` and its own children aside), test helpers used only by test
-//! helpers, and the graph of concerns acyclic and the one the document
-//! lists. Run alone with `cargo test --test it architecture::`.
+//! helpers, the graph of concerns acyclic and the one `docs/module-edges.txt`
+//! lists (a generated file: `TOOLGATE_BLESS=1` rewrites it), and every
+//! arrow between concerns running down `LAYERS`, but for the few
+//! `BACK_EDGES` named with their reason. Run alone with
+//! `cargo test --test it architecture::`.
 //!
 //! Nodes are the library's modules, one per file (`src/lib.rs` is `crate`,
 //! `src/x.rs` or `src/x/mod.rs` is `x`, `src/x/y.rs` is `x::y`); modules
@@ -33,8 +36,63 @@ use syn::visit::{self, Visit};
 use syn::{Attribute, ImplItem, Item, Meta, TraitItem, UseTree};
 
 const ROOT: usize = 0;
-const BEGIN: &str = "<!-- module-edges:begin -->";
-const END: &str = "<!-- module-edges:end -->";
+/// The generated list of the concerns' edges, beside the map that explains them.
+const EDGES_FILE: &str = "docs/module-edges.txt";
+const EDGES_HEADER: &str = "\
+# The module graph of src/ collapsed to concerns (each top-level module one
+# node, its IO side, `desk`, apart): one `from -> to` line per edge.
+# Generated: `TOOLGATE_BLESS=1 cargo test --test it architecture::` rewrites
+# it; `cargo test --test it architecture::` fails when it is not the code's.
+";
+
+/// The concerns, bottom up: an arrow may run within a layer or down to a
+/// lower one, never up (ARCHITECTURE.md, "Layers").
+const LAYERS: &[&[&str]] = &[
+    // the leaves: time, bytes, contracts
+    &["clock", "decode", "tools"],
+    // the error table, who is calling, what is counted
+    &[
+        "envelope",
+        "access",
+        "identity",
+        "metrics",
+        "ratelimit",
+        "entities",
+    ],
+    // the pure cores that judge and record
+    &["audit", "policy", "ledger"],
+    &["approvals"],
+    &["store"],
+    // the IO sides of the cores
+    &["approvals::desk", "ledger::desk", "entities::desk"],
+    &["decision"],
+    // the doors' cores, then their IO sides
+    &["authzen", "ext_authz", "console"],
+    &["authzen::desk", "ext_authz::desk", "console::desk"],
+    &["config"],
+    &["grpc"],
+    &["server"],
+    &["policy_cases", "mcp"],
+];
+
+/// The arrows that run up `LAYERS`, each with why it is still there.
+const BACK_EDGES: &[(&str, &str, &str)] = &[
+    (
+        "audit",
+        "approvals",
+        "an approval decision's event is built from the approval's record",
+    ),
+    (
+        "ledger::desk",
+        "decision",
+        "begin_execution on Authorize takes the decision's outcome",
+    ),
+    (
+        "policy",
+        "approvals",
+        "decide_approval and view_approval read the approval's record",
+    ),
+];
 
 // ---------------------------------------------------------------- the tests
 
@@ -95,7 +153,7 @@ fn every_source_file_is_a_module_or_a_test() {
 #[test]
 fn concerns_form_an_acyclic_graph() {
     let report = real_tree();
-    println!("{}", report.edge_block());
+    print!("{}", report.edge_file());
     assert!(
         report.concern_cycles.is_empty(),
         "{} cycle(s) between concerns (top-level modules, each `desk` its own):\n{}",
@@ -105,29 +163,112 @@ fn concerns_form_an_acyclic_graph() {
 }
 
 #[test]
-fn architecture_md_lists_the_concern_edges() {
+fn the_edge_file_lists_the_concern_edges() {
     let report = real_tree();
-    let doc_path = crate_dir().join("ARCHITECTURE.md");
-    let doc = std::fs::read_to_string(&doc_path).unwrap();
-    let listed = listed_edges(&doc);
-    let actual = report.edge_lines();
-    let expected_block = report.edge_block();
-    match listed {
-        None => panic!(
-            "ARCHITECTURE.md has no `{BEGIN}` … `{END}` block; paste this one:\n\n{expected_block}\n"
-        ),
-        Some(listed) => {
-            let missing: Vec<_> = actual.iter().filter(|e| !listed.contains(e)).collect();
-            let stale: Vec<_> = listed.iter().filter(|e| !actual.contains(e)).collect();
-            assert!(
-                listed == actual,
-                "ARCHITECTURE.md's module edges are not the code's.\n\
-                 in the code, not listed: {missing:?}\n\
-                 listed, not in the code: {stale:?}\n\
-                 the block, ready to paste:\n\n{expected_block}\n"
-            );
-        }
+    let path = crate_dir().join(EDGES_FILE);
+    let expected = report.edge_file();
+    if std::env::var_os("TOOLGATE_BLESS").is_some_and(|v| v == "1") {
+        std::fs::write(&path, &expected).unwrap();
+        return;
     }
+    let listed = std::fs::read_to_string(&path).unwrap_or_default();
+    let listed = listed_edges(&listed);
+    let actual = report.edge_lines();
+    let missing: Vec<_> = actual.iter().filter(|e| !listed.contains(e)).collect();
+    let stale: Vec<_> = listed.iter().filter(|e| !actual.contains(e)).collect();
+    assert!(
+        listed == actual,
+        "{EDGES_FILE} is not the code's module graph.\n\
+         in the code, not listed: {missing:?}\n\
+         listed, not in the code: {stale:?}\n\
+         rewrite it with `TOOLGATE_BLESS=1 cargo test --test it architecture::`"
+    );
+}
+
+#[test]
+fn arrows_run_down_the_layers() {
+    let report = real_tree();
+    let layer_of = layer_index();
+    let unplaced: Vec<_> = report
+        .concern_edges
+        .keys()
+        .flat_map(|(from, to)| [from, to])
+        .filter(|c| !layer_of.contains_key(c.as_str()))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert!(
+        unplaced.is_empty(),
+        "concerns in no layer of LAYERS (tests/it/architecture.rs): {unplaced:?}"
+    );
+    let up = report.back_edges(&layer_of);
+    let allowed: BTreeSet<(String, String)> = BACK_EDGES
+        .iter()
+        .map(|(from, to, _)| ((*from).to_owned(), (*to).to_owned()))
+        .collect();
+    println!("{} arrow(s) run back up the layers:", up.len());
+    for ((from, to), site) in &up {
+        println!("  {from} → {to}: {site}");
+    }
+    let new: Vec<_> = up
+        .iter()
+        .filter(|(edge, _)| !allowed.contains(*edge))
+        .map(|((from, to), site)| format!("{from} → {to}: {site}"))
+        .collect();
+    let gone: Vec<_> = allowed
+        .iter()
+        .filter(|edge| !up.contains_key(*edge))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "arrows that run up the layers (move the item down, or name the edge in BACK_EDGES with its reason):\n  {}",
+        new.join("\n  ")
+    );
+    assert!(
+        gone.is_empty(),
+        "BACK_EDGES names arrows the code no longer has (take them out): {gone:?}"
+    );
+}
+
+/// The back-edge rule on a small tree: an arrow up is found with where it
+/// is written, arrows within a layer and down are not.
+#[test]
+fn the_checker_finds_an_arrow_up_the_layers() {
+    let dir = fixture(&[
+        (
+            "src/lib.rs",
+            "pub mod low;
+pub mod mid;
+pub mod high;
+",
+        ),
+        (
+            "src/low.rs",
+            "pub struct L;
+pub fn up(_: crate::high::H) {}
+",
+        ),
+        (
+            "src/mid.rs",
+            "pub struct M(pub crate::low::L);
+",
+        ),
+        (
+            "src/high.rs",
+            "pub struct H(pub crate::mid::M);
+",
+        ),
+    ]);
+    let report = Report::of(&Tree::load(dir.path()));
+    let layers = BTreeMap::from([("low", 0), ("mid", 1), ("high", 2)]);
+    let up = report.back_edges(&layers);
+    let shown: Vec<_> = up
+        .iter()
+        .map(|((from, to), site)| format!("{from} -> {to} at {site}"))
+        .collect();
+    assert_eq!(shown.len(), 1, "{shown:?}");
+    assert!(shown[0].starts_with("low -> high at "), "{shown:?}");
+    assert!(shown[0].contains("low.rs:2"), "{shown:?}");
 }
 
 /// A cycle through a glob re-export and a module alias is found, with
@@ -249,8 +390,7 @@ fn the_checker_passes_a_layered_tree() {
         ["a::desk -> a", "a::desk -> b", "b -> a", "b -> c"]
     );
     assert!(report.concern_cycles.is_empty());
-    let doc = format!("# Layout\n\n{}\n\nMore.\n", report.edge_block());
-    assert_eq!(listed_edges(&doc), Some(report.edge_lines()));
+    assert_eq!(listed_edges(&report.edge_file()), report.edge_lines());
 }
 
 // ------------------------------------------------------------- the report
@@ -411,16 +551,29 @@ impl Report {
             .collect()
     }
 
-    /// The block `ARCHITECTURE.md` holds, markers included.
-    fn edge_block(&self) -> String {
-        let mut block = format!("{BEGIN}\n```text\n");
+    /// The text of `EDGES_FILE`.
+    fn edge_file(&self) -> String {
+        let mut file = EDGES_HEADER.to_owned();
         for line in self.edge_lines() {
-            block.push_str(&line);
-            block.push('\n');
+            file.push_str(&line);
+            file.push('\n');
         }
-        block.push_str("```\n");
-        block.push_str(END);
-        block
+        file
+    }
+
+    /// The concern edges that run from a lower layer to a higher one, each
+    /// with its first reference.
+    fn back_edges(&self, layer_of: &BTreeMap<&str, usize>) -> Edges {
+        self.concern_edges
+            .iter()
+            .filter(|((from, to), _)| {
+                matches!(
+                    (layer_of.get(from.as_str()), layer_of.get(to.as_str())),
+                    (Some(f), Some(t)) if t > f
+                )
+            })
+            .map(|(edge, site)| (edge.clone(), site.clone()))
+            .collect()
     }
 }
 
@@ -452,19 +605,27 @@ fn show_edges(edges: &Edges) -> String {
         .collect()
 }
 
-/// The `a -> b` lines between the markers, or `None` without the markers.
-fn listed_edges(doc: &str) -> Option<Vec<String>> {
-    let start = doc.find(BEGIN)? + BEGIN.len();
-    let len = doc.get(start..)?.find(END)?;
-    let block = doc.get(start..start + len)?;
-    Some(
-        block
-            .lines()
-            .map(str::trim)
-            .filter(|line| !line.is_empty() && !line.starts_with("```"))
-            .map(str::to_owned)
-            .collect(),
-    )
+/// The `a -> b` lines of an edge file (comments and blank lines aside).
+fn listed_edges(file: &str) -> Vec<String> {
+    file.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Each concern's layer, from `LAYERS`.
+fn layer_index() -> BTreeMap<&'static str, usize> {
+    let mut index = BTreeMap::new();
+    for (layer, concerns) in LAYERS.iter().enumerate() {
+        for concern in *concerns {
+            assert!(
+                index.insert(*concern, layer).is_none(),
+                "{concern} is in two layers of LAYERS"
+            );
+        }
+    }
+    index
 }
 
 /// One module contains the other (the crate root contains every module).
@@ -628,7 +789,7 @@ impl Tree {
             .unwrap_or_else(|e| panic!("reading `{}`: {e}", file.display()));
         let ast =
             syn::parse_file(&text).unwrap_or_else(|e| panic!("parsing `{}`: {e}", file.display()));
-        let test_support = match gate(&ast.attrs) {
+        let test_support = match cfg_gate(&ast.attrs) {
             Gate::TestOnly => {
                 self.test_files.push(file);
                 return None;
@@ -664,7 +825,7 @@ impl Tree {
 
     fn walk(&mut self, module: usize, items: &[Item], test_support: bool) {
         for item in items {
-            let test_support = match gate(item_attrs(item)) {
+            let test_support = match cfg_gate(item_attrs(item)) {
                 Gate::TestOnly => {
                     if let Item::Mod(decl) = item {
                         self.skip_test_module(module, decl);
@@ -962,7 +1123,7 @@ struct Collector {
 
 impl Collector {
     fn gated(&mut self, attrs: &[Attribute], visit: impl FnOnce(&mut Self)) {
-        match gate(attrs) {
+        match cfg_gate(attrs) {
             Gate::TestOnly => {}
             Gate::TestSupport => {
                 let outer = self.test_support;
@@ -1156,7 +1317,7 @@ fn item_name(item: &Item) -> Option<String> {
 // ------------------------------------------------------------------ cfg
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Gate {
+pub(crate) enum Gate {
     /// Compiled in the library as shipped.
     Always,
     /// Compiled only with `feature = "test-support"`.
@@ -1167,7 +1328,7 @@ enum Gate {
 
 /// What the `#[cfg]`s make of an item. Other conditions (`unix`, other
 /// features) may hold, so they neither keep an item out nor in.
-fn gate(attrs: &[Attribute]) -> Gate {
+pub(crate) fn cfg_gate(attrs: &[Attribute]) -> Gate {
     let (mut shipped, mut with_helpers) = (true, true);
     for attr in attrs.iter().filter(|a| a.path().is_ident("cfg")) {
         let predicate: Meta = attr.parse_args().unwrap();
@@ -1226,11 +1387,17 @@ fn holds(predicate: &Meta, test_support: bool) -> Option<bool> {
 
 // ------------------------------------------------------------- helpers
 
-fn crate_dir() -> PathBuf {
+pub(crate) fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// The real tree, read once for all the tests above.
+/// The library's source files compiled outside `cfg(test)` (test-support
+/// helpers included).
+pub(crate) fn non_test_sources() -> Vec<PathBuf> {
+    real_tree().files.clone()
+}
+
 fn real_tree() -> &'static Report {
     static REPORT: OnceLock<Report> = OnceLock::new();
     REPORT.get_or_init(|| Report::of(&Tree::load(&crate_dir())))

@@ -32,6 +32,7 @@ mod key_rotation;
 mod ledger;
 mod ledger_crash;
 mod ledger_tickets;
+mod limits;
 mod listener_limits;
 mod listeners;
 mod log_secrets;
