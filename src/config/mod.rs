@@ -21,7 +21,6 @@ use std::time::Duration;
 use crate::access::{AccessPolicy, ListenerLimits};
 use crate::audit::AuditConfig;
 use crate::decision::AuthorizerConfig;
-use crate::decode::Limits;
 use crate::identity::{RemoteJwksConfig, VerifierConfig};
 use crate::ledger::LedgerConfig;
 use crate::policy::ReloadTriggers;
@@ -109,6 +108,7 @@ fn invalid(key: &'static str, reason: impl Into<String>) -> ConfigError {
 
 mod raw;
 mod sections;
+mod serving;
 mod sources;
 #[cfg(test)]
 mod tests;
@@ -118,6 +118,7 @@ use sections::{
     access_policy, audit_config, authzen_config, console_config, ext_authz_config, key_source,
     ledger_config, listener_limits, rate_limits, reload_triggers, store_settings, verifier_config,
 };
+use serving::{authorizer_config, check_origins, listen_addr, unix_socket_mode};
 use sources::{env_table, merge, read};
 
 /// Values given on the command line or in the environment (already merged
@@ -283,88 +284,8 @@ impl Config {
     }
 
     fn from_raw(raw: RawConfig, o: Overrides) -> Result<Self, ConfigError> {
-        let listen = o
-            .listen
-            .or(raw.listen)
-            .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
-        let listen = match listen.strip_prefix("unix:") {
-            Some(p) if !p.is_empty() => ListenAddr::Unix(PathBuf::from(p)),
-            Some(_) => {
-                return Err(ConfigError::Invalid {
-                    key: "listen",
-                    reason: "`unix:` needs a path".into(),
-                });
-            }
-            None => {
-                if listen.parse::<std::net::SocketAddr>().is_err() {
-                    return Err(ConfigError::Invalid {
-                        key: "listen",
-                        reason: format!("`{listen}` is not host:port or unix:/path"),
-                    });
-                }
-                ListenAddr::Tcp(listen)
-            }
-        };
-        let mut authorizer = AuthorizerConfig::default();
-        let defaults = Limits::default();
-        authorizer.limits = Limits {
-            max_bytes: raw.limits.max_argument_bytes.unwrap_or(defaults.max_bytes),
-            max_depth: raw.limits.max_depth.unwrap_or(defaults.max_depth),
-        };
-        authorizer.entity_limits = Limits {
-            max_bytes: raw
-                .limits
-                .max_entities_bytes
-                .unwrap_or(authorizer.entity_limits.max_bytes),
-            max_depth: authorizer.limits.max_depth,
-        };
-        if authorizer.limits.max_bytes == 0
-            || authorizer.limits.max_depth == 0
-            || authorizer.entity_limits.max_bytes == 0
-        {
-            return Err(ConfigError::Invalid {
-                key: "limits",
-                reason: "limits must be positive".into(),
-            });
-        }
-        if let Some(ms) = raw.decisions.deadline_margin_ms {
-            authorizer.deadline_margin = Duration::from_millis(ms);
-        }
-        if let Some(s) = raw.decisions.pending_approval_ttl_seconds {
-            if s == 0 {
-                return Err(ConfigError::Invalid {
-                    key: "decisions.pending_approval_ttl_seconds",
-                    reason: "must be positive".into(),
-                });
-            }
-            authorizer.pending_approval_ttl = Duration::from_secs(s);
-        }
-        for (key, value, slot) in [
-            (
-                "decisions.max_pending_approvals_per_subject",
-                raw.decisions.max_pending_approvals_per_subject,
-                &mut authorizer.pending_limits.per_subject,
-            ),
-            (
-                "decisions.max_pending_approvals_per_tenant",
-                raw.decisions.max_pending_approvals_per_tenant,
-                &mut authorizer.pending_limits.per_tenant,
-            ),
-        ] {
-            match value {
-                Some(0) => {
-                    return Err(ConfigError::Invalid {
-                        key,
-                        reason: "must be positive".into(),
-                    });
-                }
-                Some(n) => *slot = n,
-                None => {}
-            }
-        }
-        if let Some(n) = raw.decisions.max_violations {
-            authorizer.violation_cap = n.max(1);
-        }
+        let listen = listen_addr(o.listen.or(raw.listen))?;
+        let authorizer = authorizer_config(&raw.limits, &raw.decisions)?;
         let metrics_listen = o
             .metrics_listen
             .or(raw.metrics_listen)
@@ -399,31 +320,8 @@ impl Config {
             Some(0) => return Err(invalid("limits.max_watches_per_caller", "must be positive")),
             Some(n) => n,
         };
-        let unix_socket_mode = match raw.unix_socket_mode {
-            None => 0o600,
-            Some(text) => {
-                let mode = u32::from_str_radix(&text, 8)
-                    .map_err(|_| invalid("unix_socket_mode", format!("`{text}` is not octal")))?;
-                if mode & !0o770 != 0 || mode & 0o600 != 0o600 {
-                    return Err(invalid(
-                        "unix_socket_mode",
-                        "must give the owner read and write and never anything to others (e.g. 0600, 0660)",
-                    ));
-                }
-                mode
-            }
-        };
-        for origin in &raw.grpc_web.allowed_origins {
-            let ok = (origin.starts_with("https://") || origin.starts_with("http://"))
-                && !origin.contains('*')
-                && !origin.ends_with('/');
-            if !ok {
-                return Err(invalid(
-                    "grpc_web.allowed_origins",
-                    format!("`{origin}` is not an exact origin like https://approvals.example.com"),
-                ));
-            }
-        }
+        let unix_socket_mode = unix_socket_mode(raw.unix_socket_mode)?;
+        check_origins(&raw.grpc_web.allowed_origins)?;
         let defaults = AuditConfig::default();
         let shutdown_default = Duration::from_secs(10);
         Ok(Self {

@@ -140,7 +140,10 @@ fn files_with_ext(dir: &Path, ext: &str) -> Result<Vec<PathBuf>, PolicyLoadError
 }
 
 impl PolicyEngine {
-    /// Loads and validates a whole policy folder (DESIGN §3).
+    /// Loads and validates a whole policy folder (DESIGN §3): the tool
+    /// contracts, the schema (the core, the team's, the generated tool
+    /// actions), the policies (strictly validated against it) and the
+    /// static entities, each step stopping the load at its first errors.
     ///
     /// # Errors
     /// Every problem found: unreadable files, invalid tool contracts, Cedar
@@ -150,246 +153,34 @@ impl PolicyEngine {
         let tools =
             ToolRegistry::load_dir(&dir.join("tools")).map_err(|e| LoadErrors::one(dir, e))?;
         let mut hashed: Vec<SourceFile> = Vec::new();
-        let mut errors: Vec<PolicyLoadError> = Vec::new();
+        let fragments = Fragments::read(dir)?;
+        let mut warnings = fragments.warnings.clone();
+        let errors = unknown_resource_types(&tools, &fragments);
+        hashed.extend(tools.iter().map(|tool| SourceFile {
+            path: tool.source_path.clone(),
+            text: tool.source_text.clone(),
+        }));
+        stop_on(dir, errors, &mut warnings)?;
 
-        // The team's schema, combined with the core declarations.
-        let team_path = dir.join("schema.cedarschema");
-        let team_text = if team_path.exists() {
-            read(&team_path).map_err(|e| LoadErrors::one(dir, e))?
-        } else {
-            String::new()
-        };
-        let core_text = core_fragment();
-        let mut warnings = Vec::new();
-        let core = parse_fragment(Path::new("<generated>"), &core_text, &mut Vec::new())
-            .map_err(|e| LoadErrors::one(dir, e))?;
-        let team = parse_fragment(&team_path, &team_text, &mut warnings)
-            .map_err(|e| LoadErrors::one(dir, e))?;
-        check_no_redeclaration(&team_path, &team_text).map_err(|e| LoadErrors::one(dir, e))?;
-        let domain = Schema::from_schema_fragments([core.clone(), team.clone()]).map_err(|e| {
-            LoadErrors::one(
-                dir,
-                SourceDiagnostic::from_diagnostic(&team_path, &team_text, &e, codes::SCHEMA),
-            )
-        })?;
-
-        // Every contract's resource type must be a declared entity type.
-        let declared: HashSet<String> = domain.entity_types().map(ToString::to_string).collect();
-        for tool in tools.iter() {
-            if let Some(r) = &tool.resource
-                && (!declared.contains(&r.entity_type)
-                    || GENERATED_ENTITY_TYPES.contains(&r.entity_type.as_str()))
-            {
-                errors.push(
-                    SourceDiagnostic::at_offset(
-                        &tool.source_path,
-                        &tool.source_text,
-                        tool.offset_of("/resource/type"),
-                        format!(
-                            "tool `{}`: resource type `{}` is not declared in `{}`",
-                            tool.name,
-                            r.entity_type,
-                            team_path.display()
-                        ),
-                    )
-                    .with_code(codes::UNKNOWN_RESOURCE_TYPE)
-                    .into(),
-                );
-            }
-            hashed.push(SourceFile {
-                path: tool.source_path.clone(),
-                text: tool.source_text.clone(),
-            });
-        }
-        if !errors.is_empty() {
-            return Err(LoadErrors {
-                dir: dir.to_path_buf(),
-                errors,
-                warnings,
-            });
-        }
-
-        let actions_text = tool_actions_fragment(tools.iter());
-        let actions = parse_fragment(
-            Path::new("<generated actions>"),
-            &actions_text,
-            &mut Vec::new(),
-        )
-        .map_err(|e| LoadErrors::one(dir, e))?;
-        let schema = Schema::from_schema_fragments([core, team, actions]).map_err(|e| {
-            LoadErrors::one(
-                dir,
-                SourceDiagnostic::whole_file(
-                    &team_path,
-                    format!("combined schema is invalid: {e}"),
-                )
-                .with_code(codes::SCHEMA),
-            )
-        })?;
-        let schema_text = format!(
-            "{core_text}\n{actions_text}\n// ---- {} ----\n{team_text}",
-            team_path
-                .file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-        );
+        let (schema, schema_text) = fragments.combined(dir, &tools)?;
         hashed.push(SourceFile {
-            path: team_path.clone(),
-            text: team_text,
+            path: fragments.team_path.clone(),
+            text: fragments.team_text,
         });
 
-        // Policies, one file at a time so every span maps to its file.
-        let mut policies = PolicySet::new();
-        let mut origin: BTreeMap<String, usize> = BTreeMap::new();
-        let mut sources: Vec<SourceFile> = Vec::new();
-        let cedar_files = files_with_ext(dir, "cedar").map_err(|e| LoadErrors::one(dir, e))?;
-        for path in cedar_files {
-            let text = read(&path).map_err(|e| LoadErrors::one(dir, e))?;
-            let file_index = sources.len();
-            match load_policy_file(&path, &text) {
-                Ok(list) => {
-                    for policy in list {
-                        let id = policy.id().to_string();
-                        if origin.contains_key(&id) {
-                            errors.push(
-                                SourceDiagnostic::at_offset(
-                                    &path,
-                                    &text,
-                                    text.find(&format!("\"{id}\"")),
-                                    format!("duplicate policy id `{id}`"),
-                                )
-                                .with_code(codes::DUPLICATE_ID)
-                                .into(),
-                            );
-                            continue;
-                        }
-                        origin.insert(id, file_index);
-                        if let Err(e) = policies.add(policy) {
-                            errors.push(
-                                SourceDiagnostic::whole_file(&path, e.to_string())
-                                    .with_code(codes::PARSE)
-                                    .into(),
-                            );
-                        }
-                    }
-                }
-                Err(mut es) => errors.append(&mut es),
-            }
-            sources.push(SourceFile { path, text });
-        }
-        if !errors.is_empty() {
-            return Err(LoadErrors {
-                dir: dir.to_path_buf(),
-                errors,
-                warnings,
-            });
-        }
+        let read = read_policies(dir)?;
+        stop_on(dir, read.errors, &mut warnings)?;
+        let (policies, origin, sources) = (read.policies, read.origin, read.sources);
+        let invalid =
+            validation_diagnostics(dir, &schema, &policies, &origin, &sources, &mut warnings)?;
+        stop_on(
+            dir,
+            invalid.into_iter().map(PolicyLoadError::from).collect(),
+            &mut warnings,
+        )?;
 
-        // Strict validation against the combined schema.
-        let results = validate_strict(&schema, &policies).map_err(|e| {
-            LoadErrors::one(
-                dir,
-                SourceDiagnostic::whole_file(dir, e).with_code(codes::VALIDATION),
-            )
-        })?;
-        let locate = |id: &PolicyId| origin.get(&id.to_string()).and_then(|i| sources.get(*i));
-        let mut invalid = Vec::new();
-        for result in &results {
-            for e in result.validation_errors() {
-                if let Some(src) = locate(e.policy_id()) {
-                    invalid.push(SourceDiagnostic::from_diagnostic(
-                        &src.path,
-                        &src.text,
-                        e,
-                        codes::VALIDATION,
-                    ));
-                }
-            }
-            for w in result.validation_warnings() {
-                if let Some(src) = locate(w.policy_id()) {
-                    warnings.push(
-                        SourceDiagnostic::from_diagnostic(
-                            &src.path,
-                            &src.text,
-                            w,
-                            codes::VALIDATION_WARNING,
-                        )
-                        .warning(),
-                    );
-                }
-            }
-        }
-        // In file order, whatever order the validator found them in.
-        let by_place = |d: &SourceDiagnostic| (d.path.clone(), d.line, d.column);
-        invalid.sort_by_key(by_place);
-        warnings.sort_by_key(by_place);
-        errors.extend(invalid.into_iter().map(PolicyLoadError::from));
-        if !errors.is_empty() {
-            return Err(LoadErrors {
-                dir: dir.to_path_buf(),
-                errors,
-                warnings,
-            });
-        }
-
-        // Static entities: the deployment's file plus one `Tool` per resource-less tool.
-        let entities_path = dir.join("entities.json");
-        let mut static_entities = if entities_path.exists() {
-            let text = read(&entities_path).map_err(|e| LoadErrors::one(dir, e))?;
-            let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-                LoadErrors::one(
-                    dir,
-                    SourceDiagnostic::at_offset(
-                        &entities_path,
-                        &text,
-                        offset_of(&text, e.line(), e.column()),
-                        e.to_string(),
-                    )
-                    .with_code(codes::ENTITIES),
-                )
-            })?;
-            let entities = Entities::from_json_value(value, Some(&schema)).map_err(|e| {
-                LoadErrors::one(
-                    dir,
-                    SourceDiagnostic::from_diagnostic(&entities_path, &text, &e, codes::ENTITIES),
-                )
-            })?;
-            hashed.push(SourceFile {
-                path: entities_path.clone(),
-                text,
-            });
-            entities
-        } else {
-            Entities::empty()
-        };
-        let tool_entities = tools
-            .iter()
-            .filter(|t| t.resource.is_none())
-            .map(|t| tool_entity(&t.name, t.risk.as_str()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| {
-                LoadErrors::one(dir, SourceDiagnostic::whole_file(&dir.join("tools"), e))
-            })?;
-        static_entities = static_entities
-            .add_entities(tool_entities, Some(&schema))
-            .map_err(|e| {
-                LoadErrors::one(
-                    dir,
-                    SourceDiagnostic::whole_file(&entities_path, e.to_string()),
-                )
-            })?;
-        // Action entities make `action in Action::"risk:…"` hold.
-        let action_entities = schema.action_entities().map_err(|e| {
-            LoadErrors::one(dir, SourceDiagnostic::whole_file(&team_path, e.to_string()))
-        })?;
-        static_entities = static_entities
-            .add_entities(action_entities.iter().cloned(), None)
-            .map_err(|e| {
-                LoadErrors::one(
-                    dir,
-                    SourceDiagnostic::whole_file(&entities_path, e.to_string()),
-                )
-            })?;
-
+        let (static_entities, action_entities) =
+            static_entities(dir, &schema, &tools, &fragments.team_path, &mut hashed)?;
         let policies = PolicySlices::build(policies, &action_entities)
             .map_err(|e| LoadErrors::one(dir, SourceDiagnostic::whole_file(dir, e.to_string())))?;
         let static_entities = RequestBases::build(static_entities, &action_entities, &policies)
@@ -412,6 +203,305 @@ impl PolicyEngine {
             warnings,
         })
     }
+}
+
+/// Ends the load when a step found errors, with the warnings found so far.
+fn stop_on(
+    dir: &Path,
+    errors: Vec<PolicyLoadError>,
+    warnings: &mut Vec<SourceDiagnostic>,
+) -> Result<(), LoadErrors> {
+    if errors.is_empty() {
+        return Ok(());
+    }
+    Err(LoadErrors {
+        dir: dir.to_path_buf(),
+        errors,
+        warnings: std::mem::take(warnings),
+    })
+}
+
+/// The core declarations and the team's schema, each parsed on its own,
+/// and the two combined (the domain every contract's resource type must
+/// be declared in).
+struct Fragments {
+    team_path: PathBuf,
+    team_text: String,
+    core_text: String,
+    core: SchemaFragment,
+    team: SchemaFragment,
+    domain: Schema,
+    warnings: Vec<SourceDiagnostic>,
+}
+
+impl Fragments {
+    fn read(dir: &Path) -> Result<Self, LoadErrors> {
+        // The team's schema, combined with the core declarations.
+        let team_path = dir.join("schema.cedarschema");
+        let team_text = if team_path.exists() {
+            read(&team_path).map_err(|e| LoadErrors::one(dir, e))?
+        } else {
+            String::new()
+        };
+        let core_text = core_fragment();
+        let mut warnings = Vec::new();
+        let core = parse_fragment(Path::new("<generated>"), &core_text, &mut Vec::new())
+            .map_err(|e| LoadErrors::one(dir, e))?;
+        let team = parse_fragment(&team_path, &team_text, &mut warnings)
+            .map_err(|e| LoadErrors::one(dir, e))?;
+        check_no_redeclaration(&team_path, &team_text).map_err(|e| LoadErrors::one(dir, e))?;
+        let domain = Schema::from_schema_fragments([core.clone(), team.clone()]).map_err(|e| {
+            LoadErrors::one(
+                dir,
+                SourceDiagnostic::from_diagnostic(&team_path, &team_text, &e, codes::SCHEMA),
+            )
+        })?;
+        Ok(Self {
+            team_path,
+            team_text,
+            core_text,
+            core,
+            team,
+            domain,
+            warnings,
+        })
+    }
+
+    /// The schema policies are validated against: the core, the team's
+    /// and the generated tool actions; and its text as `toolgate schema`
+    /// shows it.
+    fn combined(&self, dir: &Path, tools: &ToolRegistry) -> Result<(Schema, String), LoadErrors> {
+        let (core_text, team_path, team_text) = (&self.core_text, &self.team_path, &self.team_text);
+        let (core, team) = (self.core.clone(), self.team.clone());
+        let actions_text = tool_actions_fragment(tools.iter());
+        let actions = parse_fragment(
+            Path::new("<generated actions>"),
+            &actions_text,
+            &mut Vec::new(),
+        )
+        .map_err(|e| LoadErrors::one(dir, e))?;
+        let schema = Schema::from_schema_fragments([core, team, actions]).map_err(|e| {
+            LoadErrors::one(
+                dir,
+                SourceDiagnostic::whole_file(team_path, format!("combined schema is invalid: {e}"))
+                    .with_code(codes::SCHEMA),
+            )
+        })?;
+        let schema_text = format!(
+            "{core_text}\n{actions_text}\n// ---- {} ----\n{team_text}",
+            team_path
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        );
+        Ok((schema, schema_text))
+    }
+}
+
+/// Every contract's resource type must be a declared entity type, and not
+/// one toolgate generates.
+fn unknown_resource_types(tools: &ToolRegistry, fragments: &Fragments) -> Vec<PolicyLoadError> {
+    let (domain, team_path) = (&fragments.domain, &fragments.team_path);
+    let declared: HashSet<String> = domain.entity_types().map(ToString::to_string).collect();
+    let mut errors = Vec::new();
+    for tool in tools.iter() {
+        if let Some(r) = &tool.resource
+            && (!declared.contains(&r.entity_type)
+                || GENERATED_ENTITY_TYPES.contains(&r.entity_type.as_str()))
+        {
+            errors.push(
+                SourceDiagnostic::at_offset(
+                    &tool.source_path,
+                    &tool.source_text,
+                    tool.offset_of("/resource/type"),
+                    format!(
+                        "tool `{}`: resource type `{}` is not declared in `{}`",
+                        tool.name,
+                        r.entity_type,
+                        team_path.display()
+                    ),
+                )
+                .with_code(codes::UNKNOWN_RESOURCE_TYPE)
+                .into(),
+            );
+        }
+    }
+    errors
+}
+
+/// The policy files, read one at a time so every span maps to its file.
+struct ReadPolicies {
+    policies: PolicySet,
+    /// Each policy id's file, an index into `sources`.
+    origin: BTreeMap<String, usize>,
+    sources: Vec<SourceFile>,
+    errors: Vec<PolicyLoadError>,
+}
+
+fn read_policies(dir: &Path) -> Result<ReadPolicies, LoadErrors> {
+    let mut errors: Vec<PolicyLoadError> = Vec::new();
+    let mut policies = PolicySet::new();
+    let mut origin: BTreeMap<String, usize> = BTreeMap::new();
+    let mut sources: Vec<SourceFile> = Vec::new();
+    let cedar_files = files_with_ext(dir, "cedar").map_err(|e| LoadErrors::one(dir, e))?;
+    for path in cedar_files {
+        let text = read(&path).map_err(|e| LoadErrors::one(dir, e))?;
+        let file_index = sources.len();
+        match load_policy_file(&path, &text) {
+            Ok(list) => {
+                for policy in list {
+                    let id = policy.id().to_string();
+                    if origin.contains_key(&id) {
+                        errors.push(
+                            SourceDiagnostic::at_offset(
+                                &path,
+                                &text,
+                                text.find(&format!("\"{id}\"")),
+                                format!("duplicate policy id `{id}`"),
+                            )
+                            .with_code(codes::DUPLICATE_ID)
+                            .into(),
+                        );
+                        continue;
+                    }
+                    origin.insert(id, file_index);
+                    if let Err(e) = policies.add(policy) {
+                        errors.push(
+                            SourceDiagnostic::whole_file(&path, e.to_string())
+                                .with_code(codes::PARSE)
+                                .into(),
+                        );
+                    }
+                }
+            }
+            Err(mut es) => errors.append(&mut es),
+        }
+        sources.push(SourceFile { path, text });
+    }
+    Ok(ReadPolicies {
+        policies,
+        origin,
+        sources,
+        errors,
+    })
+}
+
+/// Strict validation against the combined schema: the errors, and the
+/// warnings added to `warnings`, each in file order whatever order the
+/// validator found them in.
+fn validation_diagnostics(
+    dir: &Path,
+    schema: &Schema,
+    policies: &PolicySet,
+    origin: &BTreeMap<String, usize>,
+    sources: &[SourceFile],
+    warnings: &mut Vec<SourceDiagnostic>,
+) -> Result<Vec<SourceDiagnostic>, LoadErrors> {
+    let results = validate_strict(schema, policies).map_err(|e| {
+        LoadErrors::one(
+            dir,
+            SourceDiagnostic::whole_file(dir, e).with_code(codes::VALIDATION),
+        )
+    })?;
+    let locate = |id: &PolicyId| origin.get(&id.to_string()).and_then(|i| sources.get(*i));
+    let mut invalid = Vec::new();
+    for result in &results {
+        for e in result.validation_errors() {
+            if let Some(src) = locate(e.policy_id()) {
+                invalid.push(SourceDiagnostic::from_diagnostic(
+                    &src.path,
+                    &src.text,
+                    e,
+                    codes::VALIDATION,
+                ));
+            }
+        }
+        for w in result.validation_warnings() {
+            if let Some(src) = locate(w.policy_id()) {
+                warnings.push(
+                    SourceDiagnostic::from_diagnostic(
+                        &src.path,
+                        &src.text,
+                        w,
+                        codes::VALIDATION_WARNING,
+                    )
+                    .warning(),
+                );
+            }
+        }
+    }
+    // In file order, whatever order the validator found them in.
+    let by_place = |d: &SourceDiagnostic| (d.path.clone(), d.line, d.column);
+    invalid.sort_by_key(by_place);
+    warnings.sort_by_key(by_place);
+    Ok(invalid)
+}
+
+/// The static entities: the deployment's file, one `Tool` per
+/// resource-less tool, and the schema's action entities (which make
+/// `action in Action::"risk:…"` hold); with the action entities alone.
+fn static_entities(
+    dir: &Path,
+    schema: &Schema,
+    tools: &ToolRegistry,
+    team_path: &Path,
+    hashed: &mut Vec<SourceFile>,
+) -> Result<(Entities, Entities), LoadErrors> {
+    let entities_path = dir.join("entities.json");
+    let mut static_entities = if entities_path.exists() {
+        let text = read(&entities_path).map_err(|e| LoadErrors::one(dir, e))?;
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            LoadErrors::one(
+                dir,
+                SourceDiagnostic::at_offset(
+                    &entities_path,
+                    &text,
+                    offset_of(&text, e.line(), e.column()),
+                    e.to_string(),
+                )
+                .with_code(codes::ENTITIES),
+            )
+        })?;
+        let entities = Entities::from_json_value(value, Some(schema)).map_err(|e| {
+            LoadErrors::one(
+                dir,
+                SourceDiagnostic::from_diagnostic(&entities_path, &text, &e, codes::ENTITIES),
+            )
+        })?;
+        hashed.push(SourceFile {
+            path: entities_path.clone(),
+            text,
+        });
+        entities
+    } else {
+        Entities::empty()
+    };
+    let tool_entities = tools
+        .iter()
+        .filter(|t| t.resource.is_none())
+        .map(|t| tool_entity(&t.name, t.risk.as_str()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| LoadErrors::one(dir, SourceDiagnostic::whole_file(&dir.join("tools"), e)))?;
+    static_entities = static_entities
+        .add_entities(tool_entities, Some(schema))
+        .map_err(|e| {
+            LoadErrors::one(
+                dir,
+                SourceDiagnostic::whole_file(&entities_path, e.to_string()),
+            )
+        })?;
+    // Action entities make `action in Action::"risk:…"` hold.
+    let action_entities = schema.action_entities().map_err(|e| {
+        LoadErrors::one(dir, SourceDiagnostic::whole_file(team_path, e.to_string()))
+    })?;
+    static_entities = static_entities
+        .add_entities(action_entities.iter().cloned(), None)
+        .map_err(|e| {
+            LoadErrors::one(
+                dir,
+                SourceDiagnostic::whole_file(&entities_path, e.to_string()),
+            )
+        })?;
+    Ok((static_entities, action_entities))
 }
 
 /// Validates every policy in strict mode, the set split over the available

@@ -48,16 +48,6 @@ const FN_EXCEPTIONS: &[(&str, usize, &str)] = &[
         210,
         "to be cut when the listener stack leaves grpc/ (issue 34, under way)",
     ),
-    (
-        "src/config/mod.rs::from_raw",
-        190,
-        "to be cut into one function per section (issue 34, under way)",
-    ),
-    (
-        "src/policy/load.rs::load",
-        270,
-        "to be cut into its loading steps (issue 34, under way)",
-    ),
 ];
 
 #[test]
