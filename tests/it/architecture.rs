@@ -1,5 +1,5 @@
 //! The library's module graph, computed from `src/`, and the layering
-//! `ARCHITECTURE.md` promises: no dependency cycle between modules (a
+//! `ARCHITECTURE.md` (and docs/internals.md) promise: no dependency cycle between modules (a
 //! `mod.rs` and its own children aside), test helpers used only by test
 //! helpers, the graph of concerns acyclic and the one `docs/module-edges.txt`
 //! lists (a generated file: `TOOLGATE_BLESS=1` rewrites it), and every

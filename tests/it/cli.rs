@@ -385,3 +385,15 @@ fn the_readme_is_page_one() {
         "README.md is {size} bytes, over 16 KiB: move a guide to docs/"
     );
 }
+
+/// ARCHITECTURE.md stays a map (issue 34: about 12 KB at most); the long
+/// form is docs/internals.md.
+#[test]
+fn the_architecture_is_a_map() {
+    let map = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md");
+    let size = std::fs::metadata(&map).unwrap().len();
+    assert!(
+        size <= 12 * 1024,
+        "ARCHITECTURE.md is {size} bytes, over 12 KiB: move the detail to docs/internals.md"
+    );
+}
