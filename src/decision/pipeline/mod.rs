@@ -14,21 +14,28 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use serde_json::Value;
 
-use super::AuthorizerConfig;
-use super::outcome::{AuthorizeInput, AuthorizeOutcome, Decision, Door};
+mod call;
+mod refusal;
+mod verdict;
+
+use refusal::{Stop, evaluation_refused};
+use verdict::Judged;
+
 use crate::access::TenantScope;
 use crate::approvals::machine::{self, Refusal};
 use crate::approvals::{self, ApprovalEventKind, ApprovalEvents, ApprovalRecord, NewApproval};
 use crate::audit::{Audit, AuditEvent, DecisionAudit};
 use crate::clock::{Clock, UnixMillis};
+use crate::decision::AuthorizerConfig;
+use crate::decision::outcome::{AuthorizeInput, AuthorizeOutcome, Decision, Door};
 use crate::decode::{self, DecodeError};
 use crate::entities::EntityKey;
-use crate::envelope::{Envelope, ErrorCode, ExecutorError, RequestError, echo, unknown_tool};
+use crate::envelope::{Envelope, ErrorCode, ExecutorError, RequestError, echo};
 use crate::identity::{Caller, Principals};
 use crate::metrics::{Metrics, UNKNOWN_TOOL};
-use crate::policy::{DecideError, PolicyDecision, PolicyEngine, ToolCall};
+use crate::policy::{PolicyDecision, PolicyEngine, ToolCall};
 use crate::ratelimit::{Limited, RateLimits};
-use crate::store::{ApprovalUse, GatewayApproval, Store, StoreError};
+use crate::store::{GatewayApproval, Store, StoreError};
 use crate::tools::{Risk, ToolContract};
 
 /// Everything a [`ToolCallAuthorizer`] needs; none of it has a default, so
@@ -281,7 +288,12 @@ impl ToolCallAuthorizer {
         Ok(out)
     }
 
-    /// The checks after the principal is known, in DESIGN §2's order.
+    /// One call through the stages, in DESIGN §2's order: the call (decoded,
+    /// looked up, validated, hashed, timed), its entities, the approval it
+    /// presents, Cedar, then the verdict (the store step an answer needs).
+    /// A stage that refuses ends it: a deny with its envelope, or an
+    /// executor error. A new stage goes where its check belongs in that
+    /// order, as one method returning `Result<_, Stop>`.
     async fn decide(
         &self,
         input: &AuthorizeInput,
@@ -290,224 +302,76 @@ impl ToolCallAuthorizer {
         entities: Option<Value>,
         mut out: AuthorizeOutcome,
     ) -> Result<AuthorizeOutcome, ExecutorError> {
-        if let Err(limited) = self.limits.check_tenant(&caller.tenant_id) {
-            return Ok(out.deny(self.rate_limited(limited)));
+        match self.judge(input, engine, caller, entities, &mut out).await {
+            Ok(judged) => Ok(self.verdict(input, engine, caller, judged, out).await),
+            Err(Stop::Deny(envelope)) => Ok(out.deny(envelope)),
+            Err(Stop::Executor(e)) => Err(e),
         }
+    }
 
-        // Strict decoding of the model's bytes.
-        let args = match decode::parse_strict(&input.arguments, &self.config.limits) {
-            Ok(v) => v,
-            Err(e) => return Ok(out.deny(decode_envelope(&e))),
-        };
-        if !args.is_object() {
-            return Ok(out.deny(
-                Envelope::new(
-                    ErrorCode::InvalidArguments,
-                    "the arguments must be a JSON object",
-                )
-                .with("reason", "not_an_object"),
-            ));
-        }
-
-        let Some(tool) = engine.tools().get(&input.tool) else {
-            return Ok(out.deny(unknown_tool(&input.tool)));
-        };
-        let tool: &ToolContract = tool;
-        out.risk = Some(tool.risk);
-        out.parallel = tool.parallel;
-        out.idempotent = tool.idempotent;
-        out.tool_version.clone_from(&tool.version);
-        if !input.tool_version.is_empty() && input.tool_version != tool.version {
-            return Ok(out.deny(
-                Envelope::new(
-                    ErrorCode::ToolNotFound,
-                    format!(
-                        "tool `{}` is at version `{}`, not `{}`",
-                        tool.name,
-                        tool.version,
-                        echo(&input.tool_version)
-                    ),
-                )
-                .with("reason", "version_mismatch")
-                .with("version", tool.version.clone()),
-            ));
-        }
-        if tool.risk != Risk::Read && input.request_id.is_empty() {
-            return Err(request_id_required(tool));
-        }
-
-        if let Err(limited) = self.limits.check_tool(&caller.tenant_id, &tool.name) {
-            return Ok(out.deny(self.rate_limited(limited)));
-        }
-
-        let violations = tool.validate_input(&args, self.config.violation_cap);
-        if let Some(envelope) = crate::envelope::violations(ErrorCode::SchemaViolation, &violations)
-        {
-            return Ok(out.deny(envelope));
-        }
-
-        let hashed = match hash(tool, args, caller, &input.request_id) {
-            Ok(h) => h,
-            Err(e) => return Ok(out.deny(e)),
-        };
-        out.normalized_arguments.clone_from(&hashed.normalized);
-        out.arguments_sha256.clone_from(&hashed.sha);
-        out.idempotency_key.clone_from(&hashed.key);
-        out.conflict_key.clone_from(&hashed.conflict_key);
-
-        // The time budget, on the monotonic clock.
-        match self.budget(tool, input.deadline) {
-            Some(ms) => out.timeout_ms = ms,
-            None => {
-                return Ok(out.deny(Envelope::new(
-                    ErrorCode::DeadlineExhausted,
-                    "no time is left before the caller's deadline; nothing was started, retry with the same key",
-                )));
-            }
-        }
-
-        // The entities: the caller's when it gave any (even `[]`), else the
-        // resource and its ancestors from the tenant's rows of the entity
-        // store (DESIGN §11.6), in one read.
+    /// Every stage up to and including Cedar's answer.
+    async fn judge<'e>(
+        &self,
+        input: &AuthorizeInput,
+        engine: &'e PolicyEngine,
+        caller: &Caller,
+        entities: Option<Value>,
+        out: &mut AuthorizeOutcome,
+    ) -> Result<Judged<'e>, Stop> {
+        let hashed = self.the_call(input, engine, caller, out)?;
         let from_store = entities.is_none();
-        let entities = match entities {
-            Some(given) => Some(given),
-            None => match self.stored_entities(tool, &hashed.args, caller).await {
-                Ok(found) => found,
-                Err(e) => return Ok(out.deny(e)),
-            },
-        };
-
-        // A presented approval must be bound to exactly this call.
+        let entities = self
+            .entities_of(hashed.tool, &hashed.args, caller, entities)
+            .await?;
         let now = self.clock.now_ms();
-        let approval = if input.approval_id.is_empty() {
-            None
-        } else {
-            match self.check_approval(input, caller, &hashed, now).await {
-                Ok(record) => Some(record),
-                Err(e) => return Ok(out.deny(e)),
-            }
-        };
-
+        let approval = self.presented_approval(input, caller, &hashed, now).await?;
         let call = ToolCall {
             caller,
-            tool,
+            tool: hashed.tool,
             arguments: &hashed.args,
             entities: entities.as_ref(),
             approved: approval.is_some(),
         };
-        let decision = match engine.decide_tool_call(&call) {
-            Ok(d) => d,
-            Err(DecideError::Entities(_)) if from_store => {
-                // Stored under an earlier schema, say: not the caller's
-                // mistake, and never decided on (fail closed). Cedar's
-                // message quotes values, the deployment's data: not logged.
-                tracing::warn!(tool = %tool.name, "stored entities do not fit the schema: denied");
-                return Ok(out.deny(
-                    Envelope::new(
-                        ErrorCode::PolicyError,
-                        "the stored entities of this call do not fit the schema; the call is denied",
-                    )
-                    .with("reason", "stored_entities_invalid"),
-                ));
-            }
-            Err(DecideError::Entities(e)) => return Err(ExecutorError::new("entities_json", e)),
-            Err(DecideError::ResourceNotFound(uid)) => {
-                return Ok(out.deny(
-                    Envelope::new(
-                        ErrorCode::ResourceNotFound,
-                        "the resource of this call was not supplied",
-                    )
-                    .with("resource", uid),
-                ));
-            }
-            Err(DecideError::Projection(e)) => {
-                return Ok(out.deny(
-                    Envelope::new(ErrorCode::InvalidArguments, e.to_string())
-                        .with("reason", e.reason())
-                        .with("pointer", e.pointer()),
-                ));
-            }
-            Err(e @ DecideError::Request(_)) => {
-                tracing::error!(error = %e, tool = %tool.name, "cannot build the Cedar request");
-                return Ok(out.deny(Envelope::new(
-                    ErrorCode::InternalError,
-                    "the call could not be evaluated",
-                )));
-            }
-        };
+        let decision = engine
+            .decide_tool_call(&call)
+            .map_err(|e| evaluation_refused(e, from_store, hashed.tool))?;
+        Ok(Judged {
+            hashed,
+            entities,
+            approval,
+            decision,
+            now,
+        })
+    }
 
-        match decision {
-            PolicyDecision::Allow { policies } => {
-                out.policies = policies;
-                if let Some(record) = approval {
-                    match self
-                        .store
-                        .consume_approval(&record.tenant_id, &record.approval_id, &hashed.key, now)
-                        .await
-                    {
-                        Ok(ApprovalUse::Consumed { first: true }) => {
-                            self.events.publish(
-                                ApprovalEventKind::Consumed,
-                                &record,
-                                Some(&hashed.key),
-                            );
-                        }
-                        // A retry of the operation that consumed it: the
-                        // executor's ledger makes it the same execution.
-                        // At a gateway no ledger stands between the allow
-                        // and the tool, and the key is the client's, so the
-                        // approval allowed its one request (DESIGN §11.3).
-                        Ok(ApprovalUse::Consumed { first: false })
-                            if input.door == Door::Gateway =>
-                        {
-                            return Ok(out.deny(used_at_gateway(&record)));
-                        }
-                        Ok(ApprovalUse::Consumed { first: false }) => {}
-                        Ok(ApprovalUse::ConsumedByOther) => {
-                            return Ok(
-                                out.deny(approval_envelope(ErrorCode::ApprovalConsumed, &record))
-                            );
-                        }
-                        Ok(ApprovalUse::NotUsable) => {
-                            return Ok(
-                                out.deny(approval_envelope(ErrorCode::ApprovalExpired, &record))
-                            );
-                        }
-                        Err(e) => return Ok(out.deny(self.store_failure(&e))),
-                    }
-                }
-                out.decision = Decision::Allow;
-                Ok(out)
-            }
-            PolicyDecision::ApprovalRequired { policies } => {
-                out.policies = policies;
-                let new = self.new_approval(input, caller, &hashed, now);
-                if input.door == Door::Gateway && input.approval_id.is_empty() {
-                    return Ok(self
-                        .gateway_approval(out, engine, &call, new, &hashed.key, now)
-                        .await);
-                }
-                match self.store.pending_approval_for_call(new, now).await {
-                    Ok((record, created)) => Ok(self.approval_requested(out, record, created)),
-                    Err(e) => Ok(out.deny(self.approval_not_requested(&e))),
-                }
-            }
-            PolicyDecision::Deny { policies, reason } => {
-                out.policies = policies;
-                let message =
-                    reason.unwrap_or_else(|| "the call is not permitted by policy".to_owned());
-                Ok(out.deny(Envelope::new(ErrorCode::Forbidden, message)))
-            }
-            PolicyDecision::Errored { policies } => {
-                tracing::warn!(policies = ?policies, tool = %tool.name, "policy evaluation error: denied (fail closed)");
-                out.policies = policies;
-                Ok(out.deny(Envelope::new(
-                    ErrorCode::PolicyError,
-                    "a policy could not be evaluated; the call is denied",
-                )))
-            }
+    /// The entities: the caller's when it gave any (even `[]`), else the
+    /// resource and its ancestors from the tenant's rows of the entity
+    /// store (DESIGN §11.6), in one read.
+    async fn entities_of(
+        &self,
+        tool: &ToolContract,
+        args: &Value,
+        caller: &Caller,
+        given: Option<Value>,
+    ) -> Result<Option<Value>, Stop> {
+        match given {
+            Some(given) => Ok(Some(given)),
+            None => Ok(self.stored_entities(tool, args, caller).await?),
         }
+    }
+
+    /// A presented approval, which must be bound to exactly this call.
+    async fn presented_approval(
+        &self,
+        input: &AuthorizeInput,
+        caller: &Caller,
+        hashed: &Hashed<'_>,
+        now: UnixMillis,
+    ) -> Result<Option<ApprovalRecord>, Stop> {
+        if input.approval_id.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(self.check_approval(input, caller, hashed, now).await?))
     }
 
     /// The stored resource of a call and its stored ancestors, as a Cedar

@@ -1,0 +1,106 @@
+//! How a stage ends a decision early ([`Stop`]), and the named refusals
+//! the stages give: each envelope built in one place, its code, message
+//! and details as the wire has always carried them.
+
+use crate::envelope::{Envelope, ErrorCode, ExecutorError, echo};
+use crate::policy::DecideError;
+use crate::tools::ToolContract;
+
+/// Why a stage ended the decision: a deny with its envelope, or the
+/// executor's own mistake (a request error, not a decision).
+pub(super) enum Stop {
+    Deny(Envelope),
+    Executor(ExecutorError),
+}
+
+impl From<Envelope> for Stop {
+    fn from(envelope: Envelope) -> Self {
+        Self::Deny(envelope)
+    }
+}
+
+impl From<ExecutorError> for Stop {
+    fn from(e: ExecutorError) -> Self {
+        Self::Executor(e)
+    }
+}
+
+pub(super) fn not_an_object() -> Envelope {
+    Envelope::new(
+        ErrorCode::InvalidArguments,
+        "the arguments must be a JSON object",
+    )
+    .with("reason", "not_an_object")
+}
+
+pub(super) fn version_mismatch(tool: &ToolContract, asked: &str) -> Envelope {
+    Envelope::new(
+        ErrorCode::ToolNotFound,
+        format!(
+            "tool `{}` is at version `{}`, not `{}`",
+            tool.name,
+            tool.version,
+            echo(asked)
+        ),
+    )
+    .with("reason", "version_mismatch")
+    .with("version", tool.version.clone())
+}
+
+pub(super) fn deadline_exhausted() -> Envelope {
+    Envelope::new(
+        ErrorCode::DeadlineExhausted,
+        "no time is left before the caller's deadline; nothing was started, retry with the same key",
+    )
+}
+
+pub(super) fn forbidden(reason: Option<String>) -> Envelope {
+    let message = reason.unwrap_or_else(|| "the call is not permitted by policy".to_owned());
+    Envelope::new(ErrorCode::Forbidden, message)
+}
+
+pub(super) fn policy_errored() -> Envelope {
+    Envelope::new(
+        ErrorCode::PolicyError,
+        "a policy could not be evaluated; the call is denied",
+    )
+}
+
+/// Cedar could not be asked: what each reason means for the call.
+pub(super) fn evaluation_refused(e: DecideError, from_store: bool, tool: &ToolContract) -> Stop {
+    match e {
+        DecideError::Entities(_) if from_store => {
+            // Stored under an earlier schema, say: not the caller's
+            // mistake, and never decided on (fail closed). Cedar's
+            // message quotes values, the deployment's data: not logged.
+            tracing::warn!(tool = %tool.name, "stored entities do not fit the schema: denied");
+            Stop::Deny(
+                Envelope::new(
+                    ErrorCode::PolicyError,
+                    "the stored entities of this call do not fit the schema; the call is denied",
+                )
+                .with("reason", "stored_entities_invalid"),
+            )
+        }
+        DecideError::Entities(e) => Stop::Executor(ExecutorError::new("entities_json", e)),
+        DecideError::ResourceNotFound(uid) => Stop::Deny(
+            Envelope::new(
+                ErrorCode::ResourceNotFound,
+                "the resource of this call was not supplied",
+            )
+            .with("resource", uid),
+        ),
+        DecideError::Projection(e) => Stop::Deny(
+            Envelope::new(ErrorCode::InvalidArguments, e.to_string())
+                .with("reason", e.reason())
+                .with("pointer", e.pointer()),
+        ),
+        e @ DecideError::Request(_) => {
+            tracing::error!(error = %e, tool = %tool.name, "cannot build the Cedar request");
+            Stop::Deny(Envelope::new(
+                ErrorCode::InternalError,
+                "the call could not be evaluated",
+            ))
+        }
+    }
+}
