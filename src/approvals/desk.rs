@@ -305,7 +305,7 @@ impl ApprovalDesk {
         record: &ApprovalRecord,
         call: &'static str,
     ) -> Option<Envelope> {
-        let decision = self.engine.load().view_approval(caller, record);
+        let decision = self.engine.load().view_approval(caller, &record.subject());
         let refusal = viewer_refusal(&decision)?;
         self.metrics
             .approval_view_refused(call, refusal.code.as_str());
@@ -402,7 +402,7 @@ impl ApprovalDesk {
         let event = AuditEvent::approval_decision(
             ApprovalAudit {
                 approval_id,
-                record,
+                record: record.map(ApprovalRecord::audited),
                 verdict,
                 policy_version: self.engine.load().version(),
                 peer,
@@ -445,7 +445,7 @@ impl ApprovalDesk {
         // learns nothing about the approval's arguments or state.
         let engine = self.engine.load_full();
         let verdict = if approve { "approve" } else { "reject" };
-        let decision = engine.decide_approval(&approver, &record, verdict);
+        let decision = engine.decide_approval(&approver, &record.subject(), verdict);
         if let Some(refusal) = approver_refusal(&decision) {
             return Err(DeskError(refusal));
         }

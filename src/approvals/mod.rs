@@ -148,6 +148,33 @@ pub struct ApprovalRecord {
     pub consumed_by_idempotency_key: Option<String>,
 }
 
+impl ApprovalRecord {
+    /// The call the approval is bound to, as its audit event tells it.
+    #[must_use]
+    pub fn audited(&self) -> crate::audit::ApprovedCall<'_> {
+        crate::audit::ApprovedCall {
+            requester_subject_id: &self.requester_subject_id,
+            agent_id: &self.agent_id,
+            tool: &self.tool,
+            tool_version: &self.tool_version,
+            request_id: &self.request_id,
+            arguments_sha256: &self.arguments_sha256,
+        }
+    }
+
+    /// The approval as the policy's two questions on it see it.
+    #[must_use]
+    pub fn subject(&self) -> crate::policy::ApprovalSubject<'_> {
+        crate::policy::ApprovalSubject {
+            approval_id: &self.approval_id,
+            tenant_id: &self.tenant_id,
+            tool: &self.tool,
+            risk: self.risk,
+            requester_subject_id: &self.requester_subject_id,
+        }
+    }
+}
+
 /// The result of trying to consume an approval for one operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ApprovalUse {

@@ -202,23 +202,18 @@ impl AuditEvent {
             .with("outcome", outcome)
             .with(
                 "requester",
-                approval
-                    .record
-                    .map_or("", |r| r.requester_subject_id.as_str()),
+                approval.record.map_or("", |r| r.requester_subject_id),
             )
-            .with("agent", approval.record.map_or("", |r| r.agent_id.as_str()))
-            .with("tool", approval.record.map_or("", |r| r.tool.as_str()))
+            .with("agent", approval.record.map_or("", |r| r.agent_id))
+            .with("tool", approval.record.map_or("", |r| r.tool))
             .with(
                 "tool_version",
-                approval.record.map_or("", |r| r.tool_version.as_str()),
+                approval.record.map_or("", |r| r.tool_version),
             )
-            .with(
-                "request_id",
-                approval.record.map_or("", |r| r.request_id.as_str()),
-            )
+            .with("request_id", approval.record.map_or("", |r| r.request_id))
             .with(
                 "arguments_sha256",
-                approval.record.map_or("", |r| r.arguments_sha256.as_str()),
+                approval.record.map_or("", |r| r.arguments_sha256),
             )
             .with("policy_version", approval.policy_version)
             .with("latency_us", micros(latency))
@@ -353,12 +348,25 @@ pub struct EntityAudit<'a> {
     pub policy_version: &'a str,
 }
 
+/// The call an approval is bound to, as its event tells it (the approvals'
+/// records give it: `ApprovalRecord::audited`): ids and hashes, never the
+/// arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct ApprovedCall<'a> {
+    pub requester_subject_id: &'a str,
+    pub agent_id: &'a str,
+    pub tool: &'a str,
+    pub tool_version: &'a str,
+    pub request_id: &'a str,
+    pub arguments_sha256: &'a str,
+}
+
 /// What an approval-decision event says about the approval.
 #[derive(Debug, Clone, Copy)]
 pub struct ApprovalAudit<'a> {
     pub approval_id: &'a str,
-    /// The approval as stored, when it was found.
-    pub record: Option<&'a crate::approvals::ApprovalRecord>,
+    /// The call the approval is bound to, as stored, when it was found.
+    pub record: Option<ApprovedCall<'a>>,
     pub verdict: &'a str,
     pub policy_version: &'a str,
     pub peer: &'a str,

@@ -34,7 +34,9 @@ use crate::metrics::Metrics;
 
 mod event;
 
-pub use event::{ApprovalAudit, AuditEvent, DecisionAudit, EntityAudit, LedgerAudit, RefusalAudit};
+pub use event::{
+    ApprovalAudit, ApprovedCall, AuditEvent, DecisionAudit, EntityAudit, LedgerAudit, RefusalAudit,
+};
 
 /// Where audit lines go.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,6 +7,7 @@ use crate::access::TenantScope;
 use crate::clock::UnixMillis;
 use crate::envelope::Envelope;
 use crate::identity::Caller;
+use crate::ledger::desk::AllowedCall;
 use crate::tools::Risk;
 
 /// One call to decide, as the executor sent it.
@@ -120,6 +121,22 @@ pub struct AuthorizeOutcome {
 }
 
 impl AuthorizeOutcome {
+    /// The call as the ledger begins or tickets it: `None` unless the
+    /// decision is ALLOW with its principal known.
+    #[must_use]
+    pub fn allowed_call<'a>(&'a self, tool: &'a str) -> Option<AllowedCall<'a>> {
+        if self.decision != Decision::Allow {
+            return None;
+        }
+        Some(AllowedCall {
+            principal: self.principal.as_ref()?,
+            tool,
+            idempotency_key: &self.idempotency_key,
+            arguments_sha256: &self.arguments_sha256,
+            decision_id: &self.decision_id,
+        })
+    }
+
     pub(crate) fn deny(mut self, envelope: Envelope) -> Self {
         self.decision = Decision::Deny;
         self.error = Some(envelope);

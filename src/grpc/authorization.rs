@@ -53,14 +53,15 @@ impl AuthorizationApi {
             .authorize(&input)
             .await
             .map_err(|e| convert::request_status(&e))?;
+        let allowed = outcome.allowed_call(&input.tool);
         let execution = if begin_execution {
             self.ledger
-                .begin_allowed(&outcome, &input.tool, lease_ms, &input.peer)
+                .begin_allowed(allowed.as_ref(), lease_ms, &input.peer)
                 .await
         } else {
             None
         };
-        let ticket = self.ledger.ticket_for(&outcome, &input.tool).await;
+        let ticket = self.ledger.ticket_for(allowed.as_ref()).await;
         Ok(response(outcome, execution, ticket))
     }
 }

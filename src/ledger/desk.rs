@@ -26,7 +26,6 @@ use serde_json::Value;
 use crate::access::TenantScope;
 use crate::audit::{Audit, AuditEvent, LedgerAudit};
 use crate::clock::Clock;
-use crate::decision::{AuthorizeOutcome, Decision};
 use crate::decode::{self, Limits};
 use crate::envelope::{
     Envelope, ErrorCode, ExecutorError, RequestError, TenantNotGranted, unknown_tool,
@@ -41,6 +40,17 @@ use crate::metrics::{Metrics, UNKNOWN_TOOL};
 use crate::policy::PolicyEngine;
 use crate::store::{Store, StoreError};
 use crate::tools::Violation;
+
+/// What the ledger needs of an ALLOW decision to begin it or to ticket it:
+/// the decision's own principal, key, hash and id (the decision layer
+/// builds it, `AuthorizeOutcome::allowed_call`).
+pub struct AllowedCall<'a> {
+    pub principal: &'a Caller,
+    pub tool: &'a str,
+    pub idempotency_key: &'a str,
+    pub arguments_sha256: &'a str,
+    pub decision_id: &'a str,
+}
 
 /// The tracing target of ledger transitions.
 pub const LEDGER_TARGET: &str = "toolgate::ledger";
@@ -297,19 +307,17 @@ impl LedgerDesk {
     /// The execution ticket of an ALLOW decision for a call with an
     /// idempotency key (empty otherwise, and when the keys cannot be read:
     /// the Begin then refuses, fail closed).
-    pub async fn ticket_for(&self, outcome: &AuthorizeOutcome, tool: &str) -> String {
-        if outcome.decision != Decision::Allow || outcome.idempotency_key.is_empty() {
-            return String::new();
-        }
-        let Some(principal) = outcome.principal.as_ref() else {
+    pub async fn ticket_for(&self, allowed: Option<&AllowedCall<'_>>) -> String {
+        let Some(allowed) = allowed.filter(|a| !a.idempotency_key.is_empty()) else {
             return String::new();
         };
+        let principal = allowed.principal;
         let claims = TicketClaims {
             tenant_id: &principal.tenant_id,
             subject_id: &principal.subject_id,
-            idempotency_key: &outcome.idempotency_key,
-            arguments_sha256: &outcome.arguments_sha256,
-            tool,
+            idempotency_key: allowed.idempotency_key,
+            arguments_sha256: allowed.arguments_sha256,
+            tool: allowed.tool,
         };
         self.ticket(&claims).await.unwrap_or_else(|e| {
             self.store_failure(&e);
@@ -449,32 +457,34 @@ impl LedgerDesk {
     /// not ALLOW.
     pub async fn begin_allowed(
         &self,
-        outcome: &AuthorizeOutcome,
-        tool: &str,
+        allowed: Option<&AllowedCall<'_>>,
         lease_ms: u32,
         peer: &str,
     ) -> Option<BeginAnswer> {
         let started = Instant::now();
-        if outcome.decision != Decision::Allow {
-            return None;
-        }
-        let principal = outcome.principal.as_ref()?;
+        let allowed = allowed?;
+        let principal = allowed.principal;
         let id = ExecutionId {
             tenant_id: principal.tenant_id.clone(),
-            idempotency_key: outcome.idempotency_key.clone(),
+            idempotency_key: allowed.idempotency_key.to_owned(),
         };
         let answer = self
-            .begin_checked(id, tool, outcome.arguments_sha256.clone(), lease_ms)
+            .begin_checked(
+                id,
+                allowed.tool,
+                allowed.arguments_sha256.to_owned(),
+                lease_ms,
+            )
             .await;
         let seen = Seen {
             operation: "begin",
             peer,
             principal: Some(principal),
-            decision_id: &outcome.decision_id,
-            idempotency_key: &outcome.idempotency_key,
+            decision_id: allowed.decision_id,
+            idempotency_key: allowed.idempotency_key,
             started,
         };
-        self.observe_begin(&seen, tool, &outcome.arguments_sha256, &answer)
+        self.observe_begin(&seen, allowed.tool, allowed.arguments_sha256, &answer)
             .await;
         Some(answer)
     }

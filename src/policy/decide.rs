@@ -294,6 +294,18 @@ impl PolicyEngine {
     }
 }
 
+/// What the two questions on an approval know of it: the attributes of
+/// the `Approval` entity (DESIGN §4). The approvals' records give it
+/// (`ApprovalRecord::subject`), so the policy core needs none of their types.
+#[derive(Debug, Clone, Copy)]
+pub struct ApprovalSubject<'a> {
+    pub approval_id: &'a str,
+    pub tenant_id: &'a str,
+    pub tool: &'a str,
+    pub risk: crate::tools::Risk,
+    pub requester_subject_id: &'a str,
+}
+
 impl PolicyEngine {
     /// May `approver` record `verdict` (`"approve"` or `"reject"`) on this
     /// approval? Action `decide_approval` on the `Approval` entity (DESIGN §4).
@@ -303,7 +315,7 @@ impl PolicyEngine {
     pub fn decide_approval(
         &self,
         approver: &Caller,
-        approval: &crate::approvals::ApprovalRecord,
+        approval: &ApprovalSubject<'_>,
         verdict: &str,
     ) -> Result<PolicyDecision, DecideError> {
         let mut c = Map::new();
@@ -320,7 +332,7 @@ impl PolicyEngine {
     pub fn view_approval(
         &self,
         viewer: &Caller,
-        approval: &crate::approvals::ApprovalRecord,
+        approval: &ApprovalSubject<'_>,
     ) -> Result<PolicyDecision, DecideError> {
         self.approval_question(viewer, approval, "view_approval", Map::new())
     }
@@ -331,7 +343,7 @@ impl PolicyEngine {
     fn approval_question(
         &self,
         caller: &Caller,
-        approval: &crate::approvals::ApprovalRecord,
+        approval: &ApprovalSubject<'_>,
         action: &str,
         context: Map<String, Value>,
     ) -> Result<PolicyDecision, DecideError> {
@@ -339,15 +351,15 @@ impl PolicyEngine {
         let principal = uid("User", &caller.subject_id)?;
         let action_name = action;
         let action = uid("Action", action_name)?;
-        let resource = uid("Approval", &approval.approval_id)?;
+        let resource = uid("Approval", approval.approval_id)?;
         let attrs = HashMap::from([
             (
                 "tenant".to_owned(),
-                RestrictedExpression::new_entity_uid(uid("Tenant", &approval.tenant_id)?),
+                RestrictedExpression::new_entity_uid(uid("Tenant", approval.tenant_id)?),
             ),
             (
                 "tool".to_owned(),
-                RestrictedExpression::new_string(approval.tool.clone()),
+                RestrictedExpression::new_string(approval.tool.to_owned()),
             ),
             (
                 "risk".to_owned(),
@@ -355,7 +367,7 @@ impl PolicyEngine {
             ),
             (
                 "requester".to_owned(),
-                RestrictedExpression::new_entity_uid(uid("User", &approval.requester_subject_id)?),
+                RestrictedExpression::new_entity_uid(uid("User", approval.requester_subject_id)?),
             ),
         ]);
         let approval_entity = Entity::new(resource.clone(), attrs, HashSet::new())

@@ -43,7 +43,7 @@ mod callable_tests;
 mod cedar_conformance_tests;
 
 pub use callable::{HiddenReason, ToolReach};
-pub use decide::{PolicyDecision, ToolCall};
+pub use decide::{ApprovalSubject, PolicyDecision, ToolCall};
 pub use diagnostic::{Severity, SourceDiagnostic, codes, line_column};
 pub use load::{LoadErrors, PolicyLoadError};
 pub use parts::DecideError;

@@ -392,7 +392,7 @@ fn decide_approval(engine: &PolicyEngine, d: &DecideApprovalCase) -> Actual {
         Ok(record) => record,
         Err(actual) => return actual,
     };
-    let decision = engine.decide_approval(&d.approver, &record, d.verdict);
+    let decision = engine.decide_approval(&d.approver, &record.subject(), d.verdict);
     // The desk's own mapping of the answer, so a case sees what an approver would.
     approval_actual(&decision, approver_refusal(&decision))
 }
@@ -404,7 +404,7 @@ fn view_approval(engine: &PolicyEngine, v: &ViewApprovalCase) -> Actual {
         Ok(record) => record,
         Err(actual) => return actual,
     };
-    let decision = engine.view_approval(&v.viewer, &record);
+    let decision = engine.view_approval(&v.viewer, &record.subject());
     // The desk's own mapping of the answer, so a case sees what a viewer would.
     approval_actual(&decision, viewer_refusal(&decision))
 }

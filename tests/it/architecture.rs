@@ -77,21 +77,10 @@ const LAYERS: &[&[&str]] = &[
 
 /// The arrows that run up `LAYERS`, each with why it is still there.
 const BACK_EDGES: &[(&str, &str, &str)] = &[
-    (
-        "audit",
-        "approvals",
-        "an approval decision's event is built from the approval's record",
-    ),
-    (
-        "ledger::desk",
-        "decision",
-        "begin_execution on Authorize takes the decision's outcome",
-    ),
-    (
-        "policy",
-        "approvals",
-        "decide_approval and view_approval read the approval's record",
-    ),
+    // None: issue 34 moved the last three down (audit → approvals and
+    // policy → approvals now read `ApprovedCall` / `ApprovalSubject`, which
+    // the records give; ledger::desk → decision reads `AllowedCall`, which
+    // the outcome gives).
 ];
 
 // ---------------------------------------------------------------- the tests
