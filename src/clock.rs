@@ -1,7 +1,9 @@
 //! Wall-clock time behind a trait, so expiry is tested with an injected
 //! clock instead of sleeps.
 
+#[cfg(any(test, feature = "test-support"))]
 use std::sync::Arc;
+#[cfg(any(test, feature = "test-support"))]
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -26,10 +28,13 @@ impl Clock for SystemClock {
     }
 }
 
-/// A clock that moves only when told to; for tests of expiry and retention.
+/// A clock that moves only when told to; for tests of expiry and retention
+/// (test support: a deployment's build does not contain it).
+#[cfg(any(test, feature = "test-support"))]
 #[derive(Debug, Clone)]
 pub struct ManualClock(Arc<AtomicI64>);
 
+#[cfg(any(test, feature = "test-support"))]
 impl ManualClock {
     /// A clock set to `start_ms`.
     #[must_use]
@@ -43,6 +48,7 @@ impl ManualClock {
     }
 }
 
+#[cfg(any(test, feature = "test-support"))]
 impl Clock for ManualClock {
     fn now_ms(&self) -> UnixMillis {
         self.0.load(Ordering::SeqCst)

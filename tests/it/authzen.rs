@@ -82,7 +82,10 @@ pub(crate) async fn send(
 }
 
 /// One request over an open connection `io` to `authority`.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one argument per part of the request, as a test names them"
+)]
 pub(crate) async fn exchange<IO>(
     io: IO,
     scheme: &str,

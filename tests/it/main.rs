@@ -3,12 +3,12 @@
 //! processes (one, or several replicas on one database) and the Python
 //! executor.
 
-// Test code: a failed unwrap is a failed test, with its message.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
-    clippy::indexing_slicing
+    clippy::indexing_slicing,
+    reason = "test code: a failed unwrap is a failed test, with its message"
 )]
 
 mod approval_views;
