@@ -23,164 +23,38 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use serde_json::Value;
 
-use crate::access::TenantScope;
-use crate::audit::{Audit, AuditEvent, LedgerAudit};
+use crate::audit::Audit;
 use crate::clock::Clock;
 use crate::decode::{self, Limits};
-use crate::envelope::{
-    Envelope, ErrorCode, ExecutorError, RequestError, TenantNotGranted, unknown_tool,
-};
+use crate::envelope::{Envelope, ErrorCode, ExecutorError, RequestError, unknown_tool};
 use crate::identity::{Caller, Principals};
 use crate::ledger::{
-    Begin, BeginAnswer, Collect, Complete, Completion, ExecutionId, ExecutionRecord,
-    ExecutionState, LedgerConfig, OutputSchemas, Reconcile, RecordedError, Settled, TicketClaims,
-    TicketKey, TicketKeys, TicketRefusal, Verdict,
+    Begin, BeginAnswer, Collect, Complete, Completion, ExecutionId, ExecutionRecord, LedgerConfig,
+    OutputSchemas, Reconcile, Settled, TicketClaims, TicketKeys, Verdict,
 };
-use crate::metrics::{Metrics, UNKNOWN_TOOL};
+use crate::metrics::Metrics;
 use crate::policy::PolicyEngine;
 use crate::store::{Store, StoreError};
 use crate::tools::Violation;
 
-/// What the ledger needs of an ALLOW decision to begin it or to ticket it:
-/// the decision's own principal, key, hash and id (the decision layer
-/// builds it, `AuthorizeOutcome::allowed_call`).
-pub struct AllowedCall<'a> {
-    pub principal: &'a Caller,
-    pub tool: &'a str,
-    pub idempotency_key: &'a str,
-    pub arguments_sha256: &'a str,
-    pub decision_id: &'a str,
-}
+mod observe;
+mod requests;
+mod tickets;
+
+use observe::Seen;
+pub use requests::MAX_ERROR_BYTES;
+pub use requests::{
+    AllowedCall, BeginRequest, CompleteRequest, CompletionStatus, ExecutorAuth, LedgerError,
+    ReconcileRequest,
+};
+use requests::{check_error, check_key, no_result};
 
 /// The tracing target of ledger transitions.
 pub const LEDGER_TARGET: &str = "toolgate::ledger";
 
-/// The longest idempotency key accepted (ours are the tool name, a colon
-/// and 64 hex digits).
-const MAX_KEY_BYTES: usize = 256;
-/// The largest executor-reported error kept, all its fields together.
-pub const MAX_ERROR_BYTES: usize = 16 * 1024;
 /// How many batches one collection sweep deletes at most; the next sweep
 /// goes on where it stopped.
 const MAX_BATCHES_PER_SWEEP: usize = 100;
-
-/// Why a desk call could not be answered.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum LedgerError {
-    /// The executor's request is malformed.
-    #[error(transparent)]
-    Executor(#[from] ExecutorError),
-    /// The caller may not act for the principal's tenant.
-    #[error(transparent)]
-    TenantNotGranted(#[from] TenantNotGranted),
-    /// The principal could not be established (`unauthorized`).
-    #[error("{}", .0.message)]
-    Unauthorized(Envelope),
-    /// The store failed; nothing was changed.
-    #[error("the execution ledger is unavailable")]
-    Unavailable,
-}
-
-/// Who sent a ledger request.
-#[derive(Clone, Default)]
-pub struct ExecutorAuth {
-    /// The auth context as the executor sent it.
-    pub caller: Option<Caller>,
-    /// `auth.identity_token`: the principal when the deployment requires
-    /// one. Never logged.
-    pub identity_token: String,
-    /// The transport identity of the connection, for the audit log.
-    pub peer: String,
-    /// The tenants the caller's grants let it act for. The default is none:
-    /// a request whose scope was never set is refused.
-    pub tenants: TenantScope,
-    /// The tenants whose records the caller may reconcile without the
-    /// holder's fencing token (its `reconcile` grants). Default: none.
-    pub reconcile_tenants: TenantScope,
-}
-
-impl From<RequestError> for LedgerError {
-    fn from(e: RequestError) -> Self {
-        match e {
-            RequestError::Invalid(e) => Self::Executor(e),
-            RequestError::TenantNotGranted(e) => Self::TenantNotGranted(e),
-        }
-    }
-}
-
-impl std::fmt::Debug for ExecutorAuth {
-    /// Never shows the token.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExecutorAuth")
-            .field("caller", &self.caller)
-            .field("identity_token", &"[REDACTED]")
-            .field("peer", &self.peer)
-            .field("tenants", &self.tenants)
-            .field("reconcile_tenants", &self.reconcile_tenants)
-            .finish()
-    }
-}
-
-/// A `BeginExecution`, as the executor sent it.
-#[derive(Debug, Clone, Default)]
-pub struct BeginRequest {
-    pub auth: ExecutorAuth,
-    pub idempotency_key: String,
-    pub arguments_sha256: String,
-    pub tool: String,
-    /// 0: the tool's timeout plus the configured margin.
-    pub lease_ms: u32,
-    /// The ALLOW decision's `execution_ticket`. Never logged.
-    pub execution_ticket: String,
-}
-
-/// How the executor says the attempt ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CompletionStatus {
-    Succeeded,
-    FailedRetryable,
-    FailedFinal,
-    Unknown,
-}
-
-impl CompletionStatus {
-    /// Lowercase name, for the audit log.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Succeeded => "succeeded",
-            Self::FailedRetryable => "failed_retryable",
-            Self::FailedFinal => "failed_final",
-            Self::Unknown => "unknown",
-        }
-    }
-}
-
-/// A `CompleteExecution`, as the executor sent it.
-#[derive(Debug, Clone, Default)]
-pub struct CompleteRequest {
-    pub auth: ExecutorAuth,
-    pub idempotency_key: String,
-    pub fencing_token: u64,
-    /// `None`: the executor sent none.
-    pub status: Option<CompletionStatus>,
-    /// Required with SUCCEEDED, refused otherwise.
-    pub result_json: String,
-    /// The tool's own error; refused with SUCCEEDED.
-    pub error: Option<RecordedError>,
-}
-
-/// A `ReconcileExecution`, as sent.
-#[derive(Debug, Clone, Default)]
-pub struct ReconcileRequest {
-    pub auth: ExecutorAuth,
-    pub idempotency_key: String,
-    pub applied: bool,
-    /// Required when applied, refused otherwise.
-    pub result_json: String,
-    /// The holder's fencing token; 0: reconcile by the `reconcile` grant.
-    pub fencing_token: u64,
-}
 
 /// Everything a [`LedgerDesk`] needs; none of it has a default.
 #[derive(Debug)]
@@ -219,38 +93,6 @@ pub struct LedgerDesk {
     ticket_keys: arc_swap::ArcSwapOption<TicketKeys>,
 }
 
-/// Who made one ledger call, and when it arrived: what its audit event and
-/// metrics need besides the answer.
-struct Seen<'a> {
-    operation: &'static str,
-    /// The transport identity.
-    peer: &'a str,
-    principal: Option<&'a Caller>,
-    decision_id: &'a str,
-    idempotency_key: &'a str,
-    started: Instant,
-}
-
-impl<'a> Seen<'a> {
-    /// A call on the `LedgerService` (no decision began it).
-    fn request(
-        operation: &'static str,
-        auth: &'a ExecutorAuth,
-        principal: Option<&'a Caller>,
-        idempotency_key: &'a str,
-        started: Instant,
-    ) -> Self {
-        Self {
-            operation,
-            peer: &auth.peer,
-            principal,
-            decision_id: "",
-            idempotency_key,
-            started,
-        }
-    }
-}
-
 impl LedgerDesk {
     /// A desk wired as production wires it (see [`crate::server`], its
     /// one caller outside unit tests).
@@ -279,98 +121,6 @@ impl LedgerDesk {
             metrics,
             ticket_keys: arc_swap::ArcSwapOption::empty(),
         }
-    }
-
-    /// The ticket keys: those loaded, else the store's (made on the first
-    /// start of the database), loaded now.
-    ///
-    /// # Errors
-    /// [`StoreError`] when the store fails or there is no randomness.
-    pub async fn ticket_keys(&self) -> Result<Arc<TicketKeys>, StoreError> {
-        if let Some(keys) = self.ticket_keys.load_full() {
-            return Ok(keys);
-        }
-        self.reload_ticket_keys().await
-    }
-
-    async fn reload_ticket_keys(&self) -> Result<Arc<TicketKeys>, StoreError> {
-        let candidate = TicketKey::generate(1).map_err(|_| StoreError::Random)?;
-        let keys = self.store.ticket_keys(candidate).await?;
-        let keys = Arc::new(
-            TicketKeys::new(keys)
-                .ok_or_else(|| StoreError::Corrupt("the store holds no ticket key".into()))?,
-        );
-        self.ticket_keys.store(Some(Arc::clone(&keys)));
-        Ok(keys)
-    }
-
-    /// The execution ticket of an ALLOW decision for a call with an
-    /// idempotency key (empty otherwise, and when the keys cannot be read:
-    /// the Begin then refuses, fail closed).
-    pub async fn ticket_for(&self, allowed: Option<&AllowedCall<'_>>) -> String {
-        let Some(allowed) = allowed.filter(|a| !a.idempotency_key.is_empty()) else {
-            return String::new();
-        };
-        let principal = allowed.principal;
-        let claims = TicketClaims {
-            tenant_id: &principal.tenant_id,
-            subject_id: &principal.subject_id,
-            idempotency_key: allowed.idempotency_key,
-            arguments_sha256: allowed.arguments_sha256,
-            tool: allowed.tool,
-        };
-        self.ticket(&claims).await.unwrap_or_else(|e| {
-            self.store_failure(&e);
-            String::new()
-        })
-    }
-
-    /// A ticket for `claims`, valid for the configured `ticket_ttl` from now.
-    ///
-    /// # Errors
-    /// [`StoreError`] when the keys cannot be read.
-    pub async fn ticket(&self, claims: &TicketClaims<'_>) -> Result<String, StoreError> {
-        let keys = self.ticket_keys().await?;
-        let ttl = i64::try_from(self.config.ticket_ttl.as_millis()).unwrap_or(i64::MAX);
-        Ok(keys.issue(claims, self.clock.now_ms().saturating_add(ttl)))
-    }
-
-    /// Checks a Begin's ticket; `Err` is the refusal to answer.
-    async fn check_ticket(&self, ticket: &str, claims: &TicketClaims<'_>) -> Result<(), Envelope> {
-        let refusal = |r: TicketRefusal| {
-            let message = match r {
-                TicketRefusal::Missing => {
-                    "BeginExecution needs the execution_ticket of the ALLOW decision of this call"
-                }
-                TicketRefusal::Expired => {
-                    "the execution ticket expired: authorize the call again for a fresh one"
-                }
-                TicketRefusal::Invalid => {
-                    "the execution ticket is not valid for this call (tenant, subject, key, hash and tool)"
-                }
-            };
-            Envelope::new(ErrorCode::Unauthorized, message).with("reason", r.reason())
-        };
-        if ticket.is_empty() {
-            return Err(refusal(TicketRefusal::Missing));
-        }
-        let unavailable = |e: &StoreError| self.store_failure(e);
-        let mut keys = self.ticket_keys().await.map_err(|e| unavailable(&e))?;
-        if keys.lacks_version_of(ticket) {
-            // Rotated by another replica since this one loaded the keys.
-            keys = self
-                .reload_ticket_keys()
-                .await
-                .map_err(|e| unavailable(&e))?;
-        }
-        keys.verify(ticket, claims, self.clock.now_ms())
-            .map_err(refusal)
-    }
-
-    /// The ledger's settings.
-    #[must_use]
-    pub const fn config(&self) -> &LedgerConfig {
-        &self.config
     }
 
     /// The principal of a request (see [`Principals`]), once it is known to
@@ -689,109 +439,6 @@ impl LedgerDesk {
             })
     }
 
-    /// Audits and counts a begin.
-    async fn observe_begin(
-        &self,
-        seen: &Seen<'_>,
-        tool: &str,
-        arguments_sha256: &str,
-        answer: &BeginAnswer,
-    ) {
-        let state = answer.state.map_or("", ExecutionState::as_str);
-        let code = answer.error.as_ref().map_or("", |e| e.code.as_str());
-        let audit = LedgerAudit {
-            reported: "",
-            outcome: answer.outcome.as_str(),
-            state,
-            code,
-            attempt: answer.attempt,
-            ..self.ledger_audit(seen, tool, arguments_sha256)
-        };
-        self.observe(seen, &audit, answer.outcome.as_str()).await;
-    }
-
-    /// Audits and counts a completion or reconciliation (`None`: no record).
-    async fn observe_settled(
-        &self,
-        seen: &Seen<'_>,
-        reported: &'static str,
-        settled: Option<&Settled>,
-    ) {
-        let record = settled.and_then(|s| s.record.as_ref());
-        let (tool, sha, attempt) = record.map_or(("", "", 0), |r| {
-            (r.tool.as_str(), r.arguments_sha256.as_str(), r.attempt)
-        });
-        let code = settled
-            .and_then(|s| s.error.as_ref())
-            .map_or("", |e| e.code.as_str());
-        // Settled answers carry toolgate's own codes only; anything else
-        // would be a bug, counted as `other` rather than minting a series.
-        let outcome = match settled {
-            None => "not_found",
-            Some(_) if code.is_empty() => "ok",
-            Some(_) => ErrorCode::parse(code).map_or("other", ErrorCode::as_str),
-        };
-        let audit = LedgerAudit {
-            reported,
-            outcome,
-            state: settled
-                .and_then(|s| s.state)
-                .map_or("", ExecutionState::as_str),
-            code,
-            attempt,
-            ..self.ledger_audit(seen, tool, sha)
-        };
-        self.observe(seen, &audit, outcome).await;
-    }
-
-    /// The fields of a ledger event that do not depend on the answer.
-    fn ledger_audit<'a>(
-        &self,
-        seen: &'a Seen<'a>,
-        tool: &'a str,
-        arguments_sha256: &'a str,
-    ) -> LedgerAudit<'a> {
-        LedgerAudit {
-            operation: seen.operation,
-            principal: seen.principal,
-            peer: seen.peer,
-            decision_id: seen.decision_id,
-            idempotency_key: seen.idempotency_key,
-            arguments_sha256,
-            tool,
-            tool_version: "",
-            policy_version: "",
-            reported: "",
-            outcome: "",
-            state: "",
-            code: "",
-            attempt: 0,
-        }
-    }
-
-    async fn observe(&self, seen: &Seen<'_>, audit: &LedgerAudit<'_>, outcome: &'static str) {
-        let engine = self.engine.load();
-        let contract = engine.tools().get(audit.tool);
-        let event = AuditEvent::ledger(
-            &LedgerAudit {
-                tool_version: contract.map_or("", |c| c.version.as_str()),
-                policy_version: engine.version(),
-                ..*audit
-            },
-            seen.started.elapsed(),
-        );
-        self.metrics.ledger(
-            seen.operation,
-            contract.map_or(UNKNOWN_TOOL, |c| c.name.as_str()),
-            outcome,
-            audit.state,
-        );
-        // The transition is already durable in the store (or nothing was
-        // written): a full audit queue is counted and logged by `record`,
-        // and the answer stands.
-        let _ = self.audit.record(event).await;
-    }
-
     /// Deletes the settled records past retention (`Collect::covers`:
     /// never one whose call may have run), in batches of the configured
     /// size, each its own short transaction; returns how many.
@@ -864,65 +511,6 @@ impl OutputSchemas for ContractOutputs {
             .get(tool)
             .map(|contract| contract.validate_output(result, self.cap))
     }
-}
-
-/// An idempotency key an executor may name.
-fn check_key(idempotency_key: &str) -> Result<(), ExecutorError> {
-    if idempotency_key.is_empty() {
-        return Err(ExecutorError::new("idempotency_key", "must not be empty"));
-    }
-    if idempotency_key.len() > MAX_KEY_BYTES {
-        return Err(ExecutorError::new(
-            "idempotency_key",
-            format!("at most {MAX_KEY_BYTES} bytes"),
-        ));
-    }
-    Ok(())
-}
-
-fn no_result(result_json: &str, when: &str) -> Result<(), ExecutorError> {
-    if result_json.is_empty() {
-        Ok(())
-    } else {
-        Err(ExecutorError::new("result_json", when))
-    }
-}
-
-/// An executor's report of a failure, bounded in size, with details that
-/// are a JSON object (empty details become `{}`).
-fn check_error(
-    error: Option<RecordedError>,
-    limits: &Limits,
-) -> Result<Option<RecordedError>, ExecutorError> {
-    let Some(mut e) = error else {
-        return Ok(None);
-    };
-    if e.code.is_empty() {
-        return Err(ExecutorError::new("error.code", "must not be empty"));
-    }
-    let size = e.code.len()
-        + e.category.len()
-        + e.message.len()
-        + e.resolution.len()
-        + e.details_json.len();
-    if size > MAX_ERROR_BYTES {
-        return Err(ExecutorError::new(
-            "error",
-            format!("at most {MAX_ERROR_BYTES} bytes in all"),
-        ));
-    }
-    if e.details_json.is_empty() {
-        "{}".clone_into(&mut e.details_json);
-    } else {
-        let details = decode::parse_strict(e.details_json.as_bytes(), limits).ok();
-        if !details.is_some_and(|d| d.is_object()) {
-            return Err(ExecutorError::new(
-                "error.details_json",
-                "must be a JSON object",
-            ));
-        }
-    }
-    Ok(Some(e))
 }
 
 /// The answer to a completion or reconciliation that changed nothing
