@@ -33,10 +33,8 @@
 //! - [`console`]: the approval console (DESIGN §12), a web page for
 //!   approvers and its JSON API, served on the same listener in front of
 //!   [`approvals::desk`].
-//! - [`policy_cases`]: `toolgate test`, policy test cases run through the
-//!   pipeline.
-//! - [`mcp`]: `toolgate tools import`, contract skeletons from an MCP
-//!   server's `tools/list` (rules in [`tools::import`]).
+//! - [`cli`]: the command line, one file per subcommand; `toolgate test`
+//!   ([`cli::policy_cases`]) and `toolgate tools import` ([`cli::mcp`]).
 //! - [`config`], [`telemetry`], [`clock`]: the edges.
 //!
 //! See `ARCHITECTURE.md` for the invariants each module keeps.
@@ -45,6 +43,7 @@ pub mod access;
 pub mod approvals;
 pub mod audit;
 pub mod authzen;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod console;
@@ -56,10 +55,8 @@ pub mod ext_authz;
 pub mod grpc;
 pub mod identity;
 pub mod ledger;
-pub mod mcp;
 pub mod metrics;
 pub mod policy;
-pub mod policy_cases;
 pub mod ratelimit;
 pub mod server;
 pub mod store;

@@ -69,10 +69,10 @@ const LAYERS: &[&[&str]] = &[
     // the doors' cores, then their IO sides
     &["authzen", "ext_authz", "console"],
     &["authzen::desk", "ext_authz::desk", "console::desk"],
-    &["config"],
+    &["config", "telemetry"],
     &["grpc"],
     &["server"],
-    &["policy_cases", "mcp"],
+    &["cli"],
 ];
 
 /// The arrows that run up `LAYERS`, each with why it is still there.
