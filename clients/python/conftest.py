@@ -113,6 +113,13 @@ def gate(addr):
 @pytest.fixture
 def approver_gate(addr, approver_token):
     """A second client, the approver, on its own connection with its own identity."""
-    from toolgate import Gate
-    with Gate(addr, identity_token=approver_token) as g:
+    from toolgate import Gate, GateConfig
+    with Gate(GateConfig(addr, identity_token=approver_token)) as g:
         yield g
+
+
+@pytest.fixture
+def async_gate(addr):
+    """The executor's asyncio connection (opened on the loop that first uses it)."""
+    from toolgate import AsyncGate
+    return AsyncGate(addr)

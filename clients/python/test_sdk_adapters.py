@@ -62,16 +62,16 @@ def openai_agent_run(gate, auth, arguments, call_ids):
     return result, refunds, outcomes, outputs[-len(call_ids):] if outputs else []
 
 
-def test_openai_agents_allowed_call_reaches_the_tool_once(gate):
-    result, refunds, outcomes, outputs = openai_agent_run(gate, BOB, MODEL_ARGS, ["call_1"])
+def test_openai_agents_allowed_call_reaches_the_tool_once(async_gate):
+    result, refunds, outcomes, outputs = openai_agent_run(async_gate, BOB, MODEL_ARGS, ["call_1"])
     assert result.final_output == "done"
     assert refunds == [{"order_id": "ord_1001", "amount_cents": 2500, "currency": "USD", "reason": "late"}]
     assert [o.status for o in outcomes] == [RunStatus.SUCCEEDED]
     assert json.loads(outputs[0]) == {"refund_id": "re_1", "amount_cents": 2500}
 
 
-def test_openai_agents_denied_call_returns_model_output_and_never_reaches_the_tool(gate):
-    result, refunds, outcomes, outputs = openai_agent_run(gate, OTHER_TENANT, MODEL_ARGS, ["call_1"])
+def test_openai_agents_denied_call_returns_model_output_and_never_reaches_the_tool(async_gate):
+    result, refunds, outcomes, outputs = openai_agent_run(async_gate, OTHER_TENANT, MODEL_ARGS, ["call_1"])
     assert result.final_output == "done"
     assert refunds == []
     assert [o.status for o in outcomes] == [RunStatus.DENIED]
@@ -79,12 +79,30 @@ def test_openai_agents_denied_call_returns_model_output_and_never_reaches_the_to
     assert outputs[0] == outcomes[0].decision.model_output
 
 
-def test_openai_agents_invalid_arguments_get_toolgates_repair_hint(gate):
+def test_openai_agents_invalid_arguments_get_toolgates_repair_hint(async_gate):
     bad = '{"order_id":"ord_1001","amount_cents":"2500","currency":"USD","reason":"late"}'
-    _, refunds, outcomes, outputs = openai_agent_run(gate, BOB, bad, ["call_1"])
+    _, refunds, outcomes, outputs = openai_agent_run(async_gate, BOB, bad, ["call_1"])
     assert refunds == []
     shown = json.loads(outputs[0])["error"]
     assert (shown["code"], shown["resolution"]) == ("schema_violation", "repair_arguments")
+
+
+def test_openai_agents_guard_needs_an_async_gate(gate):
+    from agents import function_tool
+
+    from toolgate.adapters.openai_agents import guard_tools
+
+    @function_tool
+    def noop() -> str:
+        """Nothing."""
+        return ""
+
+    try:
+        guard_tools(gate, BOB, [noop])
+    except TypeError as refused:
+        assert "needs an AsyncGate" in str(refused)
+    else:
+        raise AssertionError("a sync Gate was accepted")
 
 
 # -- LangChain ------------------------------------------------------------------

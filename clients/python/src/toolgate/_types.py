@@ -7,9 +7,11 @@ import enum
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
-from toolgate.v1 import approval_pb2, authorization_pb2, common_pb2
+import grpc
+
+from toolgate.v1 import approval_pb2, authorization_pb2, common_pb2, ledger_pb2
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,13 @@ class Verdict(str, enum.Enum):
 _VERDICTS = {authorization_pb2.Decision.Value(f"DECISION_{v.name}"): v for v in Verdict}
 
 
+def _timestamp(message: Any, name: str) -> Optional[_dt.datetime]:
+    """A Timestamp field as an aware UTC datetime; None when unset."""
+    if not message.HasField(name):
+        return None
+    return getattr(message, name).ToDatetime(tzinfo=_dt.timezone.utc)
+
+
 def _risk_name(value: int) -> str:
     name = common_pb2.RiskLevel.Name(value) if value in common_pb2.RiskLevel.values() else "RISK_LEVEL_UNSPECIFIED"
     return name.removeprefix("RISK_LEVEL_").lower()
@@ -85,7 +94,7 @@ class Decision:
     On ALLOW, run the tool with `normalized_arguments` (never a re-parse of the
     model's text), under `timeout_ms`, passing `idempotency_key` on. On DENY
     or APPROVAL_REQUIRED, give the model `model_output`: it says what went
-    wrong and what to do. `envelope` is the answer as it came (the proto).
+    wrong and what to do.
     """
 
     verdict: Verdict
@@ -105,7 +114,6 @@ class Decision:
     model_output: str
     policy_version: str
     tool_version: str
-    envelope: authorization_pb2.AuthorizeResponse
 
     @property
     def allowed(self) -> bool:
@@ -118,8 +126,7 @@ class Decision:
         error = ErrorInfo.from_proto(r.error) if r.HasField("error") else None
         if verdict is not Verdict.ALLOW and error is None:
             error = ErrorInfo(code="internal", message="toolgate answered without a decision", resolution="stop")
-        expires = r.approval.expires_at.ToDatetime(tzinfo=_dt.timezone.utc) \
-            if r.HasField("approval") and r.approval.HasField("expires_at") else None
+        expires = _timestamp(r.approval, "expires_at") if r.HasField("approval") else None
         model_output = r.model_output or (error.model_output() if error is not None and verdict is not Verdict.ALLOW
                                           else "")
         return cls(verdict=verdict, decision_id=r.decision_id, call_id=r.call_id,
@@ -128,7 +135,7 @@ class Decision:
                    timeout_ms=r.timeout_ms, parallel=r.parallel, idempotent=r.idempotent,
                    approval_id=r.approval.approval_id if r.HasField("approval") else "",
                    approval_expires_at=expires, error=error, model_output=model_output,
-                   policy_version=r.policy_version, tool_version=r.tool_version, envelope=r)
+                   policy_version=r.policy_version, tool_version=r.tool_version)
 
 
 @dataclass(frozen=True)
@@ -240,18 +247,152 @@ class ApprovalState(str, enum.Enum):
 APPROVAL_STATUSES = {approval_pb2.ApprovalStatus.Value(f"APPROVAL_STATUS_{s.name}"): s for s in ApprovalState}
 
 
-def approval_state(a: approval_pb2.Approval) -> ApprovalState:
-    return APPROVAL_STATUSES.get(a.status, ApprovalState.UNSPECIFIED)
+@dataclass(frozen=True)
+class Approval:
+    """One approval as toolgate holds it: what it is bound to (`tool`,
+    `arguments_sha256`, `request_id`, the requester), `display_arguments`
+    (the canonical arguments with the contract's sensitive pointers
+    redacted), and where it stands (`status`, who decided, why)."""
+
+    approval_id: str
+    tenant_id: str
+    requester_subject_id: str
+    agent_id: str
+    tool: str
+    tool_version: str
+    risk: str
+    arguments_sha256: str
+    display_arguments: str
+    request_id: str
+    status: ApprovalState
+    created_at: Optional[_dt.datetime]
+    expires_at: Optional[_dt.datetime]
+    decided_by: str
+    decided_at: Optional[_dt.datetime]
+    reason: str
+    consumed_by_idempotency_key: str
+
+    @classmethod
+    def from_proto(cls, a: approval_pb2.Approval) -> "Approval":
+        return cls(approval_id=a.approval_id, tenant_id=a.tenant_id, requester_subject_id=a.requester_subject_id,
+                   agent_id=a.agent_id, tool=a.tool, tool_version=a.tool_version, risk=_risk_name(a.risk),
+                   arguments_sha256=a.arguments_sha256, display_arguments=a.display_arguments,
+                   request_id=a.request_id, status=APPROVAL_STATUSES.get(a.status, ApprovalState.UNSPECIFIED),
+                   created_at=_timestamp(a, "created_at"), expires_at=_timestamp(a, "expires_at"),
+                   decided_by=a.decided_by, decided_at=_timestamp(a, "decided_at"), reason=a.reason,
+                   consumed_by_idempotency_key=a.consumed_by_idempotency_key)
 
 
-class ApprovalTimeout(TimeoutError):
-    """`wait_for_approval` saw no decision within its timeout."""
+@dataclass(frozen=True)
+class ApprovalPage:
+    """One page of `list_approvals`; `next_page_token` asks for the next (empty: the last)."""
+
+    approvals: List[Approval]
+    next_page_token: str
+
+    @classmethod
+    def from_proto(cls, r: approval_pb2.ListApprovalsResponse) -> "ApprovalPage":
+        return cls([Approval.from_proto(a) for a in r.approvals], r.next_page_token)
 
 
-class GateError(Exception):
-    """A refusal from toolgate outside a decision (e.g. DecideApproval's error
-    envelope); `error` is the envelope."""
+@dataclass(frozen=True)
+class Execution:
+    """The ledger's record of one operation (`get_execution`)."""
 
-    def __init__(self, error: ErrorInfo):
+    idempotency_key: str
+    tool: str
+    state: str  # in_progress, succeeded, failed_retryable, unknown, failed_final (or unspecified)
+    attempt: int
+    arguments_sha256: str
+    result: Any  # the stored result, parsed; None unless it succeeded
+    error: Optional[ErrorInfo]
+    created_at: Optional[_dt.datetime]
+    updated_at: Optional[_dt.datetime]
+    max_attempts: int
+    lease_expires_at: Optional[_dt.datetime]
+
+    @classmethod
+    def from_proto(cls, e: ledger_pb2.Execution) -> "Execution":
+        state = ledger_pb2.ExecutionState.Name(e.state) if e.state in ledger_pb2.ExecutionState.values() \
+            else "EXECUTION_STATE_UNSPECIFIED"
+        return cls(idempotency_key=e.idempotency_key, tool=e.tool,
+                   state=state.removeprefix("EXECUTION_STATE_").lower(), attempt=e.attempt,
+                   arguments_sha256=e.arguments_sha256, result=json.loads(e.result_json) if e.result_json else None,
+                   error=ErrorInfo.from_proto(e.error) if e.HasField("error") else None,
+                   created_at=_timestamp(e, "created_at"), updated_at=_timestamp(e, "updated_at"),
+                   max_attempts=e.max_attempts, lease_expires_at=_timestamp(e, "lease_expires_at"))
+
+
+@dataclass(frozen=True)
+class ToolInfo:
+    """One tool the caller may call (`list_tools`): its contract as loaded."""
+
+    name: str
+    version: str
+    description: str
+    risk: str
+    input_schema: Any
+    output_schema: Any
+    parallel: bool
+    idempotent: bool
+    timeout_ms: int
+
+    @classmethod
+    def from_proto(cls, t: authorization_pb2.ToolInfo) -> "ToolInfo":
+        return cls(name=t.name, version=t.version, description=t.description, risk=_risk_name(t.risk),
+                   input_schema=json.loads(t.input_schema_json) if t.input_schema_json else None,
+                   output_schema=json.loads(t.output_schema_json) if t.output_schema_json else None,
+                   parallel=t.parallel, idempotent=t.idempotent, timeout_ms=t.timeout_ms)
+
+
+class ToolgateError(Exception):
+    """What the SDK raises: a refusal from toolgate outside a decision (e.g.
+    DecideApproval's error envelope: self-approval, another tenant, a stale
+    hash) or a call that failed as a request (a gRPC status: the server
+    unreachable, the caller unauthenticated). `error` is the envelope;
+    `code`, `message`, `resolution`, `retryable` and `details` are its
+    fields. `grpc_status` is the gRPC status code when the call itself
+    failed (`code` is then that status's name in lower case, e.g.
+    `unavailable`), None for an envelope toolgate answered with."""
+
+    def __init__(self, error: ErrorInfo, *, grpc_status: Optional[grpc.StatusCode] = None):
         super().__init__(f"{error.code}: {error.message}")
         self.error = error
+        self.grpc_status = grpc_status
+
+    @property
+    def code(self) -> str:
+        return self.error.code
+
+    @property
+    def message(self) -> str:
+        return self.error.message
+
+    @property
+    def resolution(self) -> str:
+        return self.error.resolution
+
+    @property
+    def retryable(self) -> bool:
+        return self.error.retryable
+
+    @property
+    def details(self) -> dict:
+        return self.error.details
+
+
+# What to do after a gRPC status, as an envelope's resolution says it.
+_STATUS_RESOLUTIONS = {
+    grpc.StatusCode.UNAVAILABLE: ("retry_same_key", True),
+    grpc.StatusCode.DEADLINE_EXCEEDED: ("retry_same_key", True),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ("retry_same_key", True),
+}
+
+
+def from_rpc_error(failure: grpc.RpcError) -> ToolgateError:
+    """A failed call (sync or asyncio) as the SDK's error, its status kept."""
+    code = failure.code() if callable(getattr(failure, "code", None)) else grpc.StatusCode.UNKNOWN
+    details = failure.details() if callable(getattr(failure, "details", None)) else ""
+    resolution, retryable = _STATUS_RESOLUTIONS.get(code, ("stop", False))
+    return ToolgateError(ErrorInfo(code=code.name.lower(), category="transport", message=details or code.name,
+                                   retryable=retryable, resolution=resolution), grpc_status=code)

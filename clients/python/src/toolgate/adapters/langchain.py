@@ -24,7 +24,8 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
 from pydantic import ConfigDict, PrivateAttr
 
-from toolgate._gate import Gate, ReconcileFn
+from toolgate._core import ReconcileFn
+from toolgate._gate import Gate
 from toolgate._types import Auth
 from toolgate.adapters._common import Guard, RequestId, call_id_as_request_id
 
@@ -44,9 +45,9 @@ class GuardedTool(BaseTool):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     _inner: BaseTool = PrivateAttr()
-    _guard: Guard = PrivateAttr()
+    _guard: Guard[Gate] = PrivateAttr()
 
-    def __init__(self, inner: BaseTool, guard: Guard):
+    def __init__(self, inner: BaseTool, guard: Guard[Gate]):
         # A JSON-schema args_schema: LangChain passes the model's arguments
         # through unvalidated and uncoerced; toolgate validates them.
         schema = inner.tool_call_schema
@@ -81,7 +82,7 @@ class GuardedTool(BaseTool):
         return outcome.model_output  # the result as JSON, or toolgate's refusal
 
 
-def guard_tool(guard: Guard, tool: BaseTool) -> GuardedTool:
+def guard_tool(guard: Guard[Gate], tool: BaseTool) -> GuardedTool:
     return GuardedTool(tool, guard)
 
 
