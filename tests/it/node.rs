@@ -49,7 +49,8 @@ fn defined_tests(client_dir: &Path, files: &[&str]) -> usize {
         .sum()
 }
 
-/// The shared conformance cases: each runs as one subtest.
+/// The shared conformance cases, `cases` and `sdk_semantics`: each runs as
+/// one subtest.
 fn conformance_cases(root: &Path) -> (PathBuf, usize) {
     let path = root.join("clients/conformance/cases.json");
     let text = std::fs::read_to_string(&path)
@@ -57,6 +58,15 @@ fn conformance_cases(root: &Path) -> (PathBuf, usize) {
     let cases: serde_json::Value = serde_json::from_str(&text).unwrap();
     let n = cases["cases"].as_array().map_or(0, Vec::len);
     assert!(n > 0, "no cases in {}", path.display());
+    let semantics = cases["sdk_semantics"]["cases"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert!(
+        semantics > 0,
+        "no sdk_semantics cases in {}",
+        path.display()
+    );
+    let n = n + semantics;
     (path, n)
 }
 
@@ -97,6 +107,59 @@ fn pack(client_dir: &Path, into: &Path) -> PathBuf {
     let tarball = into.join(name);
     assert!(tarball.is_file(), "{}", tarball.display());
     tarball
+}
+
+/// `npm ci && npm pack`, as docs/sdks.md says, in a clean copy of
+/// `clients/node` and `proto/` (no node_modules, no build output): `npm pack`
+/// alone fails naming the missing dev dependency and the command to run;
+/// after `npm ci` (from npm's cache when it has the packages) it packs.
+#[test]
+fn npm_pack_works_on_a_fresh_clone_as_documented() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let client_dir = root.join("clients/node");
+    if prerequisites::node(&client_dir).is_none() {
+        return;
+    }
+    let npm = std::env::var("TOOLGATE_NPM").unwrap_or_else(|_| "npm".into());
+    let clone = tempfile::tempdir().unwrap();
+    let fresh = clone.path().join("clients/node");
+    crate::python::copy_clean(&client_dir, &fresh);
+    crate::python::copy_clean(&root.join("proto"), &clone.path().join("proto"));
+    for built in ["src/generated", "proto", "src/descriptors.generated.ts"] {
+        let path = fresh.join(built);
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path).unwrap();
+        } else if path.exists() {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+    let npm_in = |args: &[&str]| {
+        Command::new(&npm)
+            .args(args)
+            .args(["--loglevel=error"])
+            .current_dir(&fresh)
+            .output()
+            .unwrap_or_else(|e| panic!("`{npm} {args:?}`: {e}"))
+    };
+    let refused = npm_in(&["pack", "--dry-run"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "npm pack without npm ci: {said}");
+    assert!(
+        said.contains("build: the dev dependency `protobufjs` is not installed")
+            && said.contains("run `npm ci` in"),
+        "{said}"
+    );
+    let ci = npm_in(&["ci", "--no-audit", "--no-fund", "--prefer-offline"]);
+    assert!(
+        ci.status.success(),
+        "npm ci: {}",
+        String::from_utf8_lossy(&ci.stderr)
+    );
+    let tarball = pack(&fresh, clone.path());
+    assert_eq!(
+        tarball.file_name().and_then(|n| n.to_str()),
+        Some("toolgate-client-0.1.0.tgz")
+    );
 }
 
 /// The other listeners, in process: a Unix socket whose peer uid, and an
@@ -155,6 +218,11 @@ async fn the_typescript_sdk_against_a_real_sidecar() {
             .env(
                 "TOOLGATE_TEST_APPROVER_TOKEN",
                 token("dana", "acme", &["support_admin"]),
+            )
+            // bob, the requester of the approvals the tests ask for: he may not decide them.
+            .env(
+                "TOOLGATE_TEST_REQUESTER_TOKEN",
+                token("bob", "acme", &["support_admin"]),
             )
             .env("TOOLGATE_TEST_WEB_ORIGIN", WEB_ORIGIN)
             .env("TOOLGATE_CONFORMANCE_CASES", &cases_path)

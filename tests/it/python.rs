@@ -90,14 +90,22 @@ fn junit_report(xml: &str) -> ([String; 4], Vec<(String, bool)>) {
     (counts, cases)
 }
 
-/// Copies `src` to `dst` as a clone has it: no build output, no caches.
-fn copy_clean(src: &Path, dst: &Path) {
+/// Copies `src` to `dst` as a clone has it: no build output, no caches,
+/// no installed packages.
+pub(crate) fn copy_clean(src: &Path, dst: &Path) {
     std::fs::create_dir_all(dst).unwrap();
     for entry in std::fs::read_dir(src).unwrap() {
         let entry = entry.unwrap();
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if ["build", "dist", "__pycache__", ".pytest_cache"].contains(&name.as_ref())
+        if [
+            "build",
+            "dist",
+            "__pycache__",
+            ".pytest_cache",
+            "node_modules",
+        ]
+        .contains(&name.as_ref())
             || name.ends_with(".egg-info")
         {
             continue;

@@ -2,10 +2,30 @@
 // approval tool make over it.
 import * as grpc from "@grpc/grpc-js";
 
+import { ToolgateError, transportError } from "./errors.js";
+import type * as pb from "./pb.js";
 import { loadServices } from "./proto.js";
 import type { Approval, Auth, Decision, ErrorEnvelope, Execution } from "./types.js";
 import * as wire from "./wire.js";
-import type { Wire } from "./wire.js";
+
+/** The unary calls the SDK makes: each method's request and answer, as generated from proto/. */
+interface Unary {
+  Authorize: [pb.AuthorizeRequest, pb.AuthorizeResponse__Output];
+  CompleteExecution: [pb.CompleteExecutionRequest, pb.CompleteExecutionResponse__Output];
+  ReconcileExecution: [pb.ReconcileExecutionRequest, pb.ReconcileExecutionResponse__Output];
+  GetExecution: [pb.GetExecutionRequest, pb.GetExecutionResponse__Output];
+  ListApprovals: [pb.ListApprovalsRequest, pb.ListApprovalsResponse__Output];
+  GetApproval: [pb.GetApprovalRequest, pb.GetApprovalResponse__Output];
+  DecideApproval: [pb.DecideApprovalRequest, pb.DecideApprovalResponse__Output];
+  GetPolicyStatus: [pb.GetPolicyStatusRequest, pb.GetPolicyStatusResponse__Output];
+}
+/** grpc-js reads `waitForReady` from a call's options; its CallOptions type does not name it. */
+type CallOptions = grpc.CallOptions & { waitForReady?: boolean };
+type UnaryMethod<M extends keyof Unary> = (
+  request: Unary[M][0],
+  options: CallOptions,
+  callback: (err: grpc.ServiceError | null, response?: Unary[M][1]) => void,
+) => grpc.ClientUnaryCall;
 
 /** TLS to the sidecar; with `cert` and `key`, mutual TLS (a client certificate). */
 export interface TlsOptions {
@@ -34,7 +54,12 @@ export interface RetryPolicy {
   retryableStatusCodes?: string[];
 }
 
-export interface GateOptions {
+/**
+ * How a Gate reaches toolgate. The defaults (`DEFAULTS`) are the shared SDK
+ * semantics of clients/conformance/cases.json (`sdk_semantics`), which the
+ * Python SDK follows too.
+ */
+export interface GateConfig {
   /** TLS or mTLS; without it (and without `credentials`), plaintext: loopback and unix: only. */
   tls?: TlsOptions;
   /** Channel credentials of your own (overrides `tls`). */
@@ -51,7 +76,19 @@ export interface GateOptions {
   channelOptions?: grpc.ChannelOptions;
   /** The folder of toolgate/v1/*.proto (default: the package's own). */
   protoDir?: string;
+  /** How long `run` waits, by default, while another executor holds the operation. Default 30000 ms. */
+  inProgressWaitMs?: number;
 }
+
+/** The earlier name of GateConfig. */
+export type GateOptions = GateConfig;
+
+/** The defaults of a GateConfig. */
+export const DEFAULTS = {
+  timeoutMs: 5000,
+  inProgressWaitMs: 30000,
+  retry: { maxAttempts: 3, initialBackoffMs: 100, maxBackoffMs: 1000, backoffMultiplier: 2, retryableStatusCodes: ["UNAVAILABLE"] },
+} as const;
 
 /** One Authorize call. `arguments` are the bytes exactly as the model produced them. */
 export interface AuthorizeRequest {
@@ -142,7 +179,7 @@ export interface RunOptions {
    * a second time either way.
    */
   reconcile?: (info: ReconcileInfo) => Promise<Reconciliation> | Reconciliation;
-  /** How long to wait while another executor holds the operation. Default 30000 ms; 0: do not wait. */
+  /** How long to wait while another executor holds the operation. Default: the config's `inProgressWaitMs` (30000 ms); 0: do not wait. */
   waitInProgressMs?: number;
   /** When approval is required: wait for it (over WatchApprovals) this long, then authorize again. */
   awaitApproval?: { timeoutMs: number; identityToken?: string };
@@ -176,7 +213,7 @@ const SERVICES = [
 /** gRPC's service config for the retry policy. */
 export function serviceConfig(retry: RetryPolicy = {}): string {
   const seconds = (ms: number) => `${(ms / 1000).toFixed(3)}s`;
-  const maxAttempts = retry.maxAttempts ?? 3;
+  const maxAttempts = retry.maxAttempts ?? DEFAULTS.retry.maxAttempts;
   if (maxAttempts <= 1) return JSON.stringify({ methodConfig: [] });
   return JSON.stringify({
     methodConfig: [
@@ -184,17 +221,17 @@ export function serviceConfig(retry: RetryPolicy = {}): string {
         name: SERVICES.map((service) => ({ service })),
         retryPolicy: {
           maxAttempts,
-          initialBackoff: seconds(retry.initialBackoffMs ?? 100),
-          maxBackoff: seconds(retry.maxBackoffMs ?? 1000),
-          backoffMultiplier: retry.backoffMultiplier ?? 2,
-          retryableStatusCodes: retry.retryableStatusCodes ?? ["UNAVAILABLE"],
+          initialBackoff: seconds(retry.initialBackoffMs ?? DEFAULTS.retry.initialBackoffMs),
+          maxBackoff: seconds(retry.maxBackoffMs ?? DEFAULTS.retry.maxBackoffMs),
+          backoffMultiplier: retry.backoffMultiplier ?? DEFAULTS.retry.backoffMultiplier,
+          retryableStatusCodes: retry.retryableStatusCodes ?? [...DEFAULTS.retry.retryableStatusCodes],
         },
       },
     ],
   });
 }
 
-function credentialsFor(options: GateOptions): grpc.ChannelCredentials {
+function credentialsFor(options: GateConfig): grpc.ChannelCredentials {
   if (options.credentials) return options.credentials;
   const tls = options.tls;
   if (!tls) return grpc.credentials.createInsecure();
@@ -205,10 +242,15 @@ function credentialsFor(options: GateOptions): grpc.ChannelCredentials {
   return grpc.credentials.createSsl(buf(tls.ca), buf(tls.key), buf(tls.cert));
 }
 
-/** A connection to toolgate: `new Gate("127.0.0.1:50051")`, `new Gate("unix:/run/toolgate.sock")`. */
+/**
+ * A connection to toolgate: `new Gate("127.0.0.1:50051")`, `new Gate("unix:/run/toolgate.sock")`,
+ * `new Gate(target, config)`. Every method answers the SDK's typed values or
+ * throws ToolgateError (never a grpc-js ServiceError).
+ */
 export class Gate {
   readonly target: string;
   readonly timeoutMs: number;
+  readonly inProgressWaitMs: number;
   readonly #waitForReady: boolean;
   readonly #identityToken: string;
   readonly #authorization: grpc.Client;
@@ -216,16 +258,17 @@ export class Gate {
   readonly #ledger: grpc.Client;
   readonly #policy: grpc.Client;
 
-  constructor(target: string, options: GateOptions = {}) {
+  constructor(target: string, options: GateConfig = {}) {
     this.target = target;
-    this.timeoutMs = options.timeoutMs ?? 5000;
+    this.timeoutMs = options.timeoutMs ?? DEFAULTS.timeoutMs;
+    this.inProgressWaitMs = options.inProgressWaitMs ?? DEFAULTS.inProgressWaitMs;
     this.#waitForReady = options.waitForReady ?? false;
     this.#identityToken = options.identityToken ?? "";
     const services = loadServices(options.protoDir);
     const credentials = credentialsFor(options);
     const channelOptions: grpc.ChannelOptions = {
       "grpc.service_config": serviceConfig(options.retry),
-      "grpc.enable_retries": (options.retry?.maxAttempts ?? 3) > 1 ? 1 : 0,
+      "grpc.enable_retries": (options.retry?.maxAttempts ?? DEFAULTS.retry.maxAttempts) > 1 ? 1 : 0,
       ...(options.tls?.serverName
         ? {
             "grpc.ssl_target_name_override": options.tls.serverName,
@@ -248,13 +291,14 @@ export class Gate {
     this.#authorization.close();
   }
 
-  #call(client: grpc.Client, method: string, request: Wire, timeoutMs = this.timeoutMs): Promise<Wire> {
+  /** One unary call; a failed one rejects with ToolgateError, its gRPC status kept. */
+  #call<M extends keyof Unary>(client: grpc.Client, method: M, request: Unary[M][0], timeoutMs = this.timeoutMs): Promise<Unary[M][1]> {
+    // The loaded service client has one method per rpc, typed as generated (Unary).
+    const call = (client as unknown as Record<M, UnaryMethod<M>>)[method].bind(client);
     return new Promise((resolve, reject) => {
       const deadline = new Date(Date.now() + timeoutMs);
-      (client as Wire)[method](
-        request,
-        { deadline, waitForReady: this.#waitForReady },
-        (err: grpc.ServiceError | null, response: Wire) => (err ? reject(err) : resolve(response)),
+      call(request, { deadline, waitForReady: this.#waitForReady }, (err, response) =>
+        err || !response ? reject(asToolgateError(err)) : resolve(response),
       );
     });
   }
@@ -297,7 +341,7 @@ export class Gate {
     fn: ToolFn<A, R>,
     options: RunOptions = {},
   ): Promise<RunResult> {
-    const waitUntil = Date.now() + (options.waitInProgressMs ?? 30000);
+    const waitUntil = Date.now() + (options.waitInProgressMs ?? this.inProgressWaitMs);
     let approvalId = options.approvalId;
     let approvalWaited = false;
     let reconciledNotApplied = false;
@@ -377,7 +421,7 @@ export class Gate {
     const lease = e.leaseExpiresAt ? e.leaseExpiresAt.getTime() : Number.POSITIVE_INFINITY;
     const deadlineMs = Math.min(budget, lease);
     const cause: "timeout" | "lease" = lease <= budget ? "lease" : "timeout";
-    const complete = (status: string, extra: Wire = {}) =>
+    const complete = (status: pb.CompleteExecutionRequest["status"], extra: Partial<pb.CompleteExecutionRequest> = {}) =>
       this.#completeWithRetries({
         auth: wire.authContext(auth, this.#identityToken),
         idempotency_key: key,
@@ -465,13 +509,13 @@ export class Gate {
   }
 
   /** CompleteExecution, repeated on UNAVAILABLE: the same completion is acknowledged again. */
-  async #completeWithRetries(request: Wire): Promise<Wire> {
+  async #completeWithRetries(request: pb.CompleteExecutionRequest): Promise<pb.CompleteExecutionResponse__Output> {
     for (let attempt = 1; ; attempt++) {
       try {
         return await this.#call(this.#ledger, "CompleteExecution", request);
       } catch (err) {
-        const code = (err as grpc.ServiceError).code;
-        if (attempt >= 5 || (code !== grpc.status.UNAVAILABLE && code !== grpc.status.DEADLINE_EXCEEDED)) throw err;
+        const status = (err as ToolgateError).grpcStatus;
+        if (attempt >= 5 || (status !== "UNAVAILABLE" && status !== "DEADLINE_EXCEEDED")) throw err;
         await sleep(100 * 2 ** attempt);
       }
     }
@@ -523,9 +567,9 @@ export class Gate {
         auth: wire.authContext(auth, this.#identityToken),
         idempotency_key: idempotencyKey,
       });
-      return wire.execution(r.execution);
+      return r.execution ? wire.execution(r.execution) : null;
     } catch (err) {
-      if ((err as grpc.ServiceError).code === grpc.status.NOT_FOUND) return null;
+      if ((err as ToolgateError).grpcStatus === "NOT_FOUND") return null;
       throw err;
     }
   }
@@ -536,7 +580,7 @@ export class Gate {
   ): Promise<{ approvals: Approval[]; nextPageToken: string }> {
     const r = await this.#call(this.#approvals, "ListApprovals", {
       identity_token: this.#token(options.identityToken),
-      status: `APPROVAL_STATUS_${(options.status ?? "unspecified").toUpperCase()}`,
+      status: `APPROVAL_STATUS_${(options.status ?? "unspecified").toUpperCase()}` as pb.ListApprovalsRequest["status"],
       page_size: options.pageSize ?? 0,
       page_token: options.pageToken ?? "",
     });
@@ -549,19 +593,22 @@ export class Gate {
       identity_token: this.#token(options.identityToken),
       approval_id: approvalId,
     });
+    if (!r.approval) throw transportError("INTERNAL", "toolgate answered GetApproval without an approval");
     return wire.approval(r.approval);
   }
 
   /**
    * Approves or rejects. `argumentsSha256` is the hash of the arguments the
-   * approver was shown (from getApproval): a mismatch is refused.
+   * approver was shown (from getApproval): a mismatch is refused. A refusal
+   * (self-approval, another tenant, a stale hash, …) throws ToolgateError
+   * with toolgate's envelope; otherwise the decided approval.
    */
   async decideApproval(
     approvalId: string,
     verdict: "approve" | "reject",
     argumentsSha256: string,
     options: { identityToken?: string; reason?: string } = {},
-  ): Promise<{ approval?: Approval; error?: ErrorEnvelope }> {
+  ): Promise<Approval> {
     const r = await this.#call(this.#approvals, "DecideApproval", {
       identity_token: this.#token(options.identityToken),
       approval_id: approvalId,
@@ -569,7 +616,10 @@ export class Gate {
       arguments_sha256: argumentsSha256,
       reason: options.reason ?? "",
     });
-    return { approval: r.approval ? wire.approval(r.approval) : undefined, error: wire.envelope(r.error) };
+    const refused = wire.envelope(r.error);
+    if (refused) throw new ToolgateError(refused);
+    if (!r.approval) throw transportError("INTERNAL", "toolgate answered DecideApproval without an approval");
+    return wire.approval(r.approval);
   }
 
   /**
@@ -595,19 +645,19 @@ export class Gate {
   /** One watch: the approval once it is no longer pending, or null when the watch ended first. */
   #watchOnce(approvalId: string, token: string, timeoutMs: number): Promise<Approval | null> {
     return new Promise((resolve, reject) => {
-      const stream = (this.#approvals as Wire).WatchApprovals(
-        { identity_token: token },
-        { deadline: new Date(Date.now() + timeoutMs) },
-      ) as grpc.ClientReadableStream<Wire>;
+      const watch = (this.#approvals as unknown as {
+        WatchApprovals(request: pb.WatchApprovalsRequest, options: grpc.CallOptions): grpc.ClientReadableStream<pb.WatchApprovalsResponse__Output>;
+      }).WatchApprovals.bind(this.#approvals);
+      const stream = watch({ identity_token: token }, { deadline: new Date(Date.now() + timeoutMs) });
       let done = false;
       const finish = (value: Approval | null, err?: unknown) => {
         if (done) return;
         done = true;
         stream.cancel();
-        if (err) reject(err);
+        if (err) reject(asToolgateError(err));
         else resolve(value);
       };
-      stream.on("data", (message: Wire) => {
+      stream.on("data", (message: pb.WatchApprovalsResponse__Output) => {
         const a = message.event?.approval;
         if (a && a.approval_id === approvalId) {
           const approval = wire.approval(a);
@@ -663,4 +713,13 @@ function unknownEnvelope(cause: "timeout" | "lease"): ErrorEnvelope {
     exposeToUser: false,
     detailsJson: "{}",
   };
+}
+
+/** A grpc-js failure (or an answer without a body) as the SDK's error. */
+function asToolgateError(err: unknown): ToolgateError {
+  if (err instanceof ToolgateError) return err;
+  const e = err as Partial<grpc.ServiceError> | null;
+  const code = typeof e?.code === "number" ? e.code : grpc.status.INTERNAL;
+  const name = grpc.status[code] ?? "UNKNOWN";
+  return transportError(name, e?.details ?? (err ? String(err) : "toolgate answered without a body"));
 }

@@ -1,7 +1,9 @@
 // @toolgate/client: ask toolgate before a tool runs, run it exactly once.
-export { Gate, ToolError, DeadlineError, serviceConfig } from "./gate.js";
+export { Gate, ToolError, DeadlineError, DEFAULTS, serviceConfig } from "./gate.js";
+export { ToolgateError } from "./errors.js";
 export type {
   AuthorizeRequest,
+  GateConfig,
   GateOptions,
   Reconciliation,
   ReconcileInfo,

@@ -9,6 +9,8 @@ import { createGrpcWebTransport } from "@connectrpc/connect-web";
 
 import { DESCRIPTOR_SET_BASE64 } from "./descriptors.generated.js";
 import type { Approval, ApprovalStatus, ErrorEnvelope } from "./types.js";
+import { ToolgateError } from "./errors.js";
+import type * as pb from "./pb.js";
 import * as wire from "./wire.js";
 
 function decodeBase64(text: string): Uint8Array {
@@ -39,8 +41,11 @@ const ApprovalEventKindSchema = registry.getEnum("toolgate.v1.ApprovalEventKind"
 /** A message as proto3 JSON with the proto's field names: the shape `wire` reads. */
 const plain = (schema: DescMessage, message: any) =>
   toJson(schema, message, { useProtoFieldName: true, alwaysEmitImplicit: true });
-const approval = (a: any): Approval => wire.approval(plain(ApprovalSchema, a));
-const envelope = (e: any): ErrorEnvelope | undefined => (e ? wire.envelope(plain(ErrorEnvelopeSchema, e)) : undefined);
+// proto3 JSON with the proto's field names and enum names is proto-loader's
+// shape but for timestamps (RFC 3339 text), which wire.timestamp reads too.
+const approval = (a: any): Approval => wire.approval(plain(ApprovalSchema, a) as unknown as pb.Approval__Output);
+const envelope = (e: any): ErrorEnvelope | undefined =>
+  e ? wire.envelope(plain(ErrorEnvelopeSchema, e) as unknown as pb.ErrorEnvelope__Output) : undefined;
 
 export interface WebApprovalsOptions {
   /** Connect transport of your own (default: gRPC-Web over fetch to `baseUrl`). */
@@ -87,7 +92,7 @@ export function createWebApprovals(baseUrl: string, options: WebApprovalsOptions
       verdict: "approve" | "reject",
       argumentsSha256: string,
       reason = "",
-    ): Promise<{ approval?: Approval; error?: ErrorEnvelope }> {
+    ): Promise<Approval> {
       const r = await client.decideApproval({
         identityToken: token,
         approvalId,
@@ -95,7 +100,10 @@ export function createWebApprovals(baseUrl: string, options: WebApprovalsOptions
         argumentsSha256,
         reason,
       });
-      return { approval: r.approval ? approval(r.approval) : undefined, error: envelope(r.error) };
+      // As Gate.decideApproval: a refusal throws ToolgateError with toolgate's envelope.
+      const refused = envelope(r.error);
+      if (refused) throw new ToolgateError(refused);
+      return approval(r.approval);
     },
     /** The tenant's approval events as they happen; stop with `signal`. */
     async *watchApprovals(signal?: AbortSignal): AsyncGenerator<ApprovalEvent> {

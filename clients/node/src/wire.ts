@@ -12,9 +12,10 @@ import type {
   ExecutionState,
   Risk,
 } from "./types.js";
+import type * as pb from "./pb.js";
 
-/* eslint-disable @typescript-eslint/no-explicit-any */
-export type Wire = any;
+/** A Timestamp as proto-loader gives it, or as proto3 JSON gives it (RFC 3339 text: the gRPC-Web client). */
+type Stamp = pb.Timestamp__Output | string | null | undefined;
 
 /** "RISK_LEVEL_FINANCIAL" → "financial" (the enum's prefix dropped, lowercased). */
 function short<T extends string>(value: string | undefined, prefix: string): T {
@@ -23,19 +24,19 @@ function short<T extends string>(value: string | undefined, prefix: string): T {
 }
 
 /** A Timestamp as proto-loader gives it ({seconds, nanos}) or as proto3 JSON (RFC 3339 text). */
-export function timestamp(t: Wire): Date | undefined {
+export function timestamp(t: Stamp): Date | undefined {
   if (!t) return undefined;
   if (typeof t === "string") return new Date(t);
   const ms = Number(t.seconds ?? 0) * 1000 + Math.floor(Number(t.nanos ?? 0) / 1e6);
   return ms === 0 ? undefined : new Date(ms);
 }
 
-export function toTimestamp(d: Date): Wire {
+export function toTimestamp(d: Date): pb.Timestamp {
   const ms = d.getTime();
   return { seconds: String(Math.floor(ms / 1000)), nanos: (ms % 1000) * 1e6 };
 }
 
-export function envelope(e: Wire): ErrorEnvelope | undefined {
+export function envelope(e: pb.ErrorEnvelope__Output | null | undefined): ErrorEnvelope | undefined {
   if (!e) return undefined;
   return {
     code: e.code,
@@ -49,7 +50,7 @@ export function envelope(e: Wire): ErrorEnvelope | undefined {
   };
 }
 
-export function toEnvelope(e: ErrorEnvelope): Wire {
+export function toEnvelope(e: ErrorEnvelope): pb.ErrorEnvelope {
   return {
     code: e.code,
     category: e.category,
@@ -62,7 +63,7 @@ export function toEnvelope(e: ErrorEnvelope): Wire {
   };
 }
 
-export function authContext(auth: Auth, identityToken = ""): Wire {
+export function authContext(auth: Auth, identityToken = ""): pb.AuthContext {
   return {
     subject_id: auth.subjectId,
     tenant_id: auth.tenantId,
@@ -77,7 +78,7 @@ export function authContext(auth: Auth, identityToken = ""): Wire {
 export const risk = (r: string): Risk => short<Risk>(r, "RISK_LEVEL_");
 export const executionState = (s: string): ExecutionState => short<ExecutionState>(s, "EXECUTION_STATE_");
 
-export function begin(e: Wire): Begin | undefined {
+export function begin(e: pb.BeginExecutionResponse__Output | null | undefined): Begin | undefined {
   if (!e) return undefined;
   return {
     outcome: short<BeginOutcome>(e.outcome, "BEGIN_OUTCOME_"),
@@ -91,7 +92,7 @@ export function begin(e: Wire): Begin | undefined {
   };
 }
 
-export function decision(r: Wire): Decision {
+export function decision(r: pb.AuthorizeResponse__Output): Decision {
   const base = {
     decisionId: r.decision_id,
     callId: r.call_id,
@@ -127,7 +128,7 @@ export function decision(r: Wire): Decision {
   }
 }
 
-export function approval(a: Wire): Approval {
+export function approval(a: pb.Approval__Output): Approval {
   return {
     approvalId: a.approval_id,
     tenantId: a.tenant_id,
@@ -149,7 +150,7 @@ export function approval(a: Wire): Approval {
   };
 }
 
-export function execution(e: Wire): Execution {
+export function execution(e: pb.Execution__Output): Execution {
   return {
     idempotencyKey: e.idempotency_key,
     tool: e.tool,

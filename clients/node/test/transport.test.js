@@ -9,8 +9,7 @@ import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
-import * as grpc from "@grpc/grpc-js";
-import { Gate } from "@toolgate/client";
+import { Gate, ToolgateError } from "@toolgate/client";
 
 import { DemoProvider, refund } from "../examples/refund.js";
 
@@ -53,7 +52,7 @@ test("mTLS: the executor's certificate is granted; without one the handshake fai
   try {
     await assert.rejects(
       anonymous.authorize({ tool: "refund_order", arguments: args, auth: { subjectId: "bob", tenantId: "acme" }, requestId: "x" }),
-      (e) => e.code === grpc.status.UNAVAILABLE,
+      (e) => e instanceof ToolgateError && e.grpcStatus === "UNAVAILABLE" && e.code === "unavailable",
     );
   } finally {
     anonymous.close();
