@@ -1,16 +1,7 @@
-//! What the subcommands share: the `--policies` flag, and how a policy set
-//! that does not load is reported (every diagnostic, file:line and source).
-
-use std::path::PathBuf;
+//! What the subcommands share: how a policy set that does not load is
+//! reported (every diagnostic, file:line and source).
 
 use crate::policy::{LoadErrors, PolicyEngine};
-
-/// `--policies`, as every subcommand that reads a policy folder takes it.
-#[derive(clap::Args)]
-pub(super) struct PoliciesArg {
-    #[arg(long, env = "TOOLGATE_POLICIES", default_value = "policies")]
-    pub(super) policies: PathBuf,
-}
 
 /// Prints every load problem as `file:line:col: message` (the form editors
 /// and CI logs recognise), then each with its source snippet.

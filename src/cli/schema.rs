@@ -1,18 +1,19 @@
 //! `toolgate schema`: the combined Cedar schema (the folder's own and the
 //! generated tool actions), as the validator checks the policies against it.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use super::report::{PoliciesArg, load_or_report};
+use super::report::load_or_report;
 
 #[derive(clap::Args)]
 pub(super) struct SchemaArgs {
-    #[command(flatten)]
-    policies: PoliciesArg,
+    #[arg(long, env = "TOOLGATE_POLICIES", default_value = "policies")]
+    policies: PathBuf,
 }
 
 pub(super) fn run(args: &SchemaArgs) -> anyhow::Result<ExitCode> {
-    let engine = load_or_report(&args.policies.policies)?;
+    let engine = load_or_report(&args.policies)?;
     print!("{}", engine.schema_text());
     Ok(ExitCode::SUCCESS)
 }
