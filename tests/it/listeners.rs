@@ -305,18 +305,19 @@ async fn mutual_tls_maps_certificates_to_grants() {
 
     // No certificate, or one from another CA: the handshake fails, no call runs.
     // The server's alert may race the client's first write: either the
-    // alert or the closed connection is seen, never an answer.
-    let expected: [(Option<&KeyPair>, &[&str]); 2] = [
-        (
-            None,
-            &["CertificateRequired", "connection closed", "broken pipe"],
-        ),
-        (
-            Some(&untrusted),
-            &["UnknownCA", "connection closed", "broken pipe"],
-        ),
+    // alert or the closed connection is seen, never an answer. hyper
+    // reports a connection closed before its HTTP/2 preface was read as
+    // "connection was not ready".
+    const CLOSED: [&str; 3] = [
+        "connection closed",
+        "broken pipe",
+        "connection was not ready",
     ];
-    for (client, alerts) in expected {
+    let expected: [(Option<&KeyPair>, &str); 2] = [
+        (None, "CertificateRequired"),
+        (Some(&untrusted), "UnknownCA"),
+    ];
+    for (client, alert) in expected {
         let refusal = match tls_channel(server.addr, &pki.ca_pem, client).await {
             Err(e) => format!("{e:?}"),
             Ok(channel) => {
@@ -328,8 +329,8 @@ async fn mutual_tls_maps_certificates_to_grants() {
             }
         };
         assert!(
-            alerts.iter().any(|a| refusal.contains(a)),
-            "expected one of {alerts:?}: {refusal}"
+            refusal.contains(alert) || CLOSED.iter().any(|a| refusal.contains(a)),
+            "expected {alert} or one of {CLOSED:?}: {refusal}"
         );
     }
     // Only the executor's call was ever decided.
