@@ -27,7 +27,10 @@
 //! - [`ratelimit`]: token buckets per tenant and per tool.
 //! - [`server`]: the one wiring: a [`config::Config`] becomes the running
 //!   services and their background jobs.
-//! - [`grpc`]: the wire surface (the only importer of tonic and prost).
+//! - [`grpc`]: the gRPC services, wire types ⇄ domain types.
+//! - [`listener`]: the listener stack every door is served on (sockets,
+//!   TLS, limits, admission, gRPC-Web, graceful shutdown); with [`grpc`]
+//!   the only importer of tonic and prost.
 //! - [`authzen`]: the OpenID AuthZEN door for MCP gateways (DESIGN §11.1),
 //!   served over HTTP on the same listener.
 //! - [`console`]: the approval console (DESIGN §12), a web page for
@@ -55,6 +58,7 @@ pub mod ext_authz;
 pub mod grpc;
 pub mod identity;
 pub mod ledger;
+pub mod listener;
 pub mod metrics;
 pub mod policy;
 pub mod ratelimit;

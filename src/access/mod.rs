@@ -5,7 +5,7 @@
 //! calls, so the approval UI and the executor get separate grants. The
 //! identity comes from the transport only — a client certificate's subject
 //! CN or SAN (DNS or URI, e.g. a SPIFFE id), or a Unix peer's uid — never
-//! from a request field. This module holds the rules; `grpc/` reads the
+//! from a request field. This module holds the rules; `listener/` reads the
 //! identity off the connection and enforces them in one layer.
 //!
 //! A grant also names the tenants its caller may act for ([`TenantScope`]):

@@ -9,7 +9,7 @@
 //! `access_request` object of the Access Request and Approval profile); an
 //! Action Search request becomes the principal whose callable tools
 //! (DESIGN §11.4) are the answer; then the PDP metadata, and the COAZ-MCP
-//! declared mapping (`x-authzen-mapping`) each tool publishes. `desk.rs`
+//! declared mapping (`x-authzen-mapping`) each tool publishes. `http.rs`
 //! serves it over HTTP on the gRPC listener.
 //!
 //! It must not decide anything itself: a decision is `true` only when the
@@ -17,7 +17,7 @@
 //! is the verified token's; what the body says of the subject is only
 //! compared with it, never taken.
 
-pub mod desk;
+pub mod http;
 mod mapping;
 mod request;
 mod response;

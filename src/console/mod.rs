@@ -2,7 +2,7 @@
 //! the sidecar at `/console/`, and the small JSON API it calls under
 //! `/console/api/`. This core is pure: the configuration, the embedded
 //! assets and the headers every response carries, and the JSON the page
-//! reads (an approval, a refusal, a watch event). `desk.rs` serves it over
+//! reads (an approval, a refusal, a watch event). `http.rs` serves it over
 //! HTTP on the listener, in front of the one [`ApprovalDesk`]
 //! (`crate::approvals::desk::ApprovalDesk`).
 //!
@@ -17,7 +17,7 @@
 //! It must not decide anything: who may see or decide an approval is the
 //! desk's answer, shown in words.
 
-pub mod desk;
+pub mod http;
 
 use serde_json::{Value, json};
 

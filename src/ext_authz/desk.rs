@@ -54,7 +54,7 @@ pub struct Check {
 
 impl ExtAuthzDesk {
     #[must_use]
-    pub fn new(parts: ExtAuthzParts) -> Self {
+    pub(crate) fn new(parts: ExtAuthzParts) -> Self {
         let ExtAuthzParts {
             authorizer,
             audit,

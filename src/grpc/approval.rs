@@ -148,7 +148,7 @@ impl pb::approval_service_server::ApprovalService for ApprovalApi {
         &self,
         request: Request<pb::DecideApprovalRequest>,
     ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
-        let peer = super::admission::peer(&request);
+        let peer = super::admitted::peer(&request);
         let pb::DecideApprovalRequest {
             identity_token,
             approval_id,

@@ -181,8 +181,8 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
     ) -> Result<Response<pb::AuthorizeResponse>, Status> {
         let arrived = Instant::now();
         let metadata = request.metadata().clone();
-        let peer = super::admission::peer(&request);
-        let tenants = super::admission::tenants(&request);
+        let peer = super::admitted::peer(&request);
+        let tenants = super::admitted::tenants(&request);
         let call = call(request.into_inner(), &metadata, arrived, &peer, &tenants);
         let answer = self.decide(call).await?;
         Ok(Response::new(answer))
@@ -194,8 +194,8 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
     ) -> Result<Response<pb::BatchAuthorizeResponse>, Status> {
         let arrived = Instant::now();
         let metadata = request.metadata().clone();
-        let peer = super::admission::peer(&request);
-        let tenants = super::admission::tenants(&request);
+        let peer = super::admitted::peer(&request);
+        let tenants = super::admitted::tenants(&request);
         let pb::BatchAuthorizeRequest { requests } = request.into_inner();
         if requests.len() > MAX_BATCH {
             return Err(convert::executor_status(&ExecutorError {
@@ -286,7 +286,7 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
         &self,
         request: Request<pb::ListToolsRequest>,
     ) -> Result<Response<pb::ListToolsResponse>, Status> {
-        let tenants = super::admission::tenants(&request);
+        let tenants = super::admitted::tenants(&request);
         let pb::ListToolsRequest { auth } = request.into_inner();
         let Some(auth) = auth else {
             let engine = self.authorizer.engine();

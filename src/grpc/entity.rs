@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use super::{admission, convert, pb};
+use super::{admitted, convert, pb};
 use crate::access::TenantScope;
 use crate::entities::EntityKey;
 use crate::entities::desk::{EntityCall, EntityDesk, EntityError};
@@ -67,7 +67,7 @@ impl pb::entity_service_server::EntityService for EntityApi {
         &self,
         request: Request<pb::UpsertEntitiesRequest>,
     ) -> Result<Response<pb::UpsertEntitiesResponse>, Status> {
-        let (peer, tenants) = (admission::peer(&request), admission::tenants(&request));
+        let (peer, tenants) = (admitted::peer(&request), admitted::tenants(&request));
         let pb::UpsertEntitiesRequest {
             tenant_id,
             entities_json,
@@ -86,7 +86,7 @@ impl pb::entity_service_server::EntityService for EntityApi {
         &self,
         request: Request<pb::DeleteEntitiesRequest>,
     ) -> Result<Response<pb::DeleteEntitiesResponse>, Status> {
-        let (peer, tenants) = (admission::peer(&request), admission::tenants(&request));
+        let (peer, tenants) = (admitted::peer(&request), admitted::tenants(&request));
         let pb::DeleteEntitiesRequest { tenant_id, uids } = request.into_inner();
         let n = self
             .desk
@@ -102,7 +102,7 @@ impl pb::entity_service_server::EntityService for EntityApi {
         &self,
         request: Request<pb::GetEntitiesRequest>,
     ) -> Result<Response<pb::GetEntitiesResponse>, Status> {
-        let (peer, tenants) = (admission::peer(&request), admission::tenants(&request));
+        let (peer, tenants) = (admitted::peer(&request), admitted::tenants(&request));
         let pb::GetEntitiesRequest { tenant_id, uids } = request.into_inner();
         let found = self
             .desk

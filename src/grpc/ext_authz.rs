@@ -42,8 +42,8 @@ impl Authorization for ExtAuthzApi {
         &self,
         request: Request<CheckRequest>,
     ) -> Result<Response<CheckResponse>, Status> {
-        let peer = super::admission::peer(&request);
-        let tenants = super::admission::tenants(&request);
+        let peer = super::admitted::peer(&request);
+        let tenants = super::admitted::tenants(&request);
         let check = Check {
             request: http_request(request.into_inner()),
             peer,

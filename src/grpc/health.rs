@@ -8,13 +8,17 @@
 use std::pin::Pin;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 use tonic_health::pb::health_server::Health;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::{HealthReporter, HealthService};
+
+use crate::metrics::Metrics;
 
 /// How long a watcher's full queue may delay the shutdown notice.
 const SHUTDOWN_NOTICE_WAIT: Duration = Duration::from_secs(1);
@@ -26,7 +30,7 @@ pub(super) struct DrainingHealth {
     /// Becomes `true` when the drain is over and the server stops accepting.
     closing: watch::Receiver<bool>,
     /// One per open watch: past the listener's limit, `RESOURCE_EXHAUSTED`.
-    slots: super::overload::WatchSlots,
+    slots: WatchSlots,
 }
 
 impl DrainingHealth {
@@ -35,7 +39,7 @@ impl DrainingHealth {
     pub(super) fn new(
         reporter: &HealthReporter,
         closing: watch::Receiver<bool>,
-        slots: super::overload::WatchSlots,
+        slots: WatchSlots,
     ) -> Self {
         Self {
             inner: HealthService::from_health_reporter(reporter.clone()),
@@ -90,5 +94,31 @@ impl Health for DrainingHealth {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Health watches open at once: a slot each, or `RESOURCE_EXHAUSTED`.
+#[derive(Debug, Clone)]
+pub(super) struct WatchSlots {
+    slots: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+}
+
+impl WatchSlots {
+    pub(super) fn new(max: usize, metrics: Arc<Metrics>) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(max.max(1))),
+            metrics,
+        }
+    }
+
+    /// A slot, held for as long as the watch runs.
+    pub(super) fn take(&self) -> Result<OwnedSemaphorePermit, Status> {
+        Arc::clone(&self.slots).try_acquire_owned().map_err(|_| {
+            self.metrics.overloaded("health_watches");
+            Status::resource_exhausted(
+                "the listener holds its most health watches; check instead, or watch again later",
+            )
+        })
     }
 }

@@ -130,8 +130,8 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         &self,
         request: Request<pb::BeginExecutionRequest>,
     ) -> Result<Response<pb::BeginExecutionResponse>, Status> {
-        let peer = super::admission::peer(&request);
-        let tenants = super::admission::tenants(&request);
+        let peer = super::admitted::peer(&request);
+        let tenants = super::admitted::tenants(&request);
         let pb::BeginExecutionRequest {
             auth,
             idempotency_key,
@@ -159,8 +159,8 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         &self,
         request: Request<pb::CompleteExecutionRequest>,
     ) -> Result<Response<pb::CompleteExecutionResponse>, Status> {
-        let peer = super::admission::peer(&request);
-        let tenants = super::admission::tenants(&request);
+        let peer = super::admitted::peer(&request);
+        let tenants = super::admitted::tenants(&request);
         let pb::CompleteExecutionRequest {
             auth,
             idempotency_key,
@@ -198,9 +198,9 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         &self,
         request: Request<pb::ReconcileExecutionRequest>,
     ) -> Result<Response<pb::ReconcileExecutionResponse>, Status> {
-        let peer = super::admission::peer(&request);
-        let tenants = super::admission::tenants(&request);
-        let reconcile_tenants = super::admission::reconcile_tenants(&request);
+        let peer = super::admitted::peer(&request);
+        let tenants = super::admitted::tenants(&request);
+        let reconcile_tenants = super::admitted::reconcile_tenants(&request);
         let pb::ReconcileExecutionRequest {
             auth,
             idempotency_key,
@@ -233,8 +233,8 @@ impl pb::ledger_service_server::LedgerService for LedgerApi {
         &self,
         request: Request<pb::GetExecutionRequest>,
     ) -> Result<Response<pb::GetExecutionResponse>, Status> {
-        let peer = super::admission::peer(&request);
-        let tenants = super::admission::tenants(&request);
+        let peer = super::admitted::peer(&request);
+        let tenants = super::admitted::tenants(&request);
         let pb::GetExecutionRequest {
             auth,
             idempotency_key,

@@ -27,19 +27,20 @@ use crate::access::AccessPolicy;
 use crate::approvals::ApprovalEvents;
 use crate::approvals::desk::{ApprovalDesk, ApprovalDeskParts};
 use crate::audit::{Audit, AuditError};
-use crate::authzen::desk::{AuthzenDesk, AuthzenParts};
+use crate::authzen::http::{AuthzenHttp, AuthzenParts};
 use crate::clock::Clock;
 use crate::config::{Config, ListenAddr};
-use crate::console::desk::ConsoleDesk;
+use crate::console::http::ConsoleHttp;
 use crate::decision::{AuthorizerParts, ToolCallAuthorizer};
 use crate::entities::desk::{EntityDesk, EntityDeskParts};
 use crate::ext_authz::desk::{ExtAuthzDesk, ExtAuthzParts};
-use crate::grpc::{self, Listener, ServeError, TlsPem};
+use crate::grpc;
 use crate::identity::{
     IdentityVerifier, KeySource, Principals, RemoteKeySet, RemoteKeysError, TokenError,
     TokenVerifier, VerifierConfig,
 };
 use crate::ledger::desk::{LedgerDesk, LedgerParts};
+use crate::listener::{self, Listener, ServeError, TlsPem};
 use crate::metrics::Metrics;
 use crate::policy::{LoadErrors, PolicyReloader};
 use crate::ratelimit::RateLimits;
@@ -80,7 +81,7 @@ pub enum ServerError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Listen(#[from] grpc::ListenError),
+    Listen(#[from] listener::ListenError),
     #[error(transparent)]
     Serve(#[from] ServeError),
 }
@@ -102,11 +103,11 @@ pub struct Services {
     /// The entity store's desk (DESIGN §11.6).
     pub entities: Arc<EntityDesk>,
     /// The AuthZEN door (DESIGN §11.1), on the same pipeline.
-    pub authzen: Arc<AuthzenDesk>,
+    pub authzen: Arc<AuthzenHttp>,
     /// The Envoy ext_authz door (DESIGN §11.2), on the same pipeline.
     pub ext_authz: Arc<ExtAuthzDesk>,
     /// The approval console (DESIGN §12), a door onto the approval desk.
-    pub console: Arc<ConsoleDesk>,
+    pub console: Arc<ConsoleHttp>,
     jobs: jobs::Schedule,
 }
 
@@ -200,7 +201,7 @@ pub async fn assemble(
         metrics: Arc::clone(&metrics),
         max_watches_per_caller: config.max_watches_per_caller,
     }));
-    let authzen = Arc::new(AuthzenDesk::new(AuthzenParts {
+    let authzen = Arc::new(AuthzenHttp::new(AuthzenParts {
         authorizer: Arc::clone(&authorizer),
         audit: Arc::clone(&audit),
         config: config.authzen.clone(),
@@ -208,7 +209,7 @@ pub async fn assemble(
         require_identity_token: config.require_identity_token,
         tls: config.tls.is_some(),
     }));
-    let console = Arc::new(ConsoleDesk::new(
+    let console = Arc::new(ConsoleHttp::new(
         Arc::clone(&approvals),
         config.console.clone(),
     ));
@@ -316,7 +317,7 @@ impl Listeners {
             }
             ListenAddr::Unix(path) => (
                 Listener::Unix {
-                    listener: grpc::bind_unix(path, config.unix_socket_mode)?,
+                    listener: listener::bind_unix(path, config.unix_socket_mode)?,
                     path: path.clone(),
                 },
                 None,
@@ -354,7 +355,7 @@ impl Listeners {
 }
 
 /// Serves `services` on `listeners` until `shutdown` resolves, then shuts
-/// down as [`grpc::serve`] says (NOT_SERVING, drain, grace), keeps the
+/// down as [`listener::serve`] says (NOT_SERVING, drain, grace), keeps the
 /// metrics endpoint up until the gRPC server has drained (so the shutdown
 /// can be watched), stops the background jobs and writes out the audit log.
 ///
@@ -366,7 +367,7 @@ pub async fn serve(
     config: &Config,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
-    let options = grpc::ServeOptions {
+    let options = listener::ServeOptions {
         access: config.access.clone(),
         tls: tls(config)?,
         cors_origins: config.cors_origins.clone(),
@@ -410,21 +411,23 @@ pub async fn serve(
             "toolgate serving"
         );
     }
-    let handlers = grpc::Handlers {
-        authorizer: Arc::clone(&services.authorizer),
+    let doors = listener::Doors {
+        grpc: grpc::Handlers {
+            authorizer: Arc::clone(&services.authorizer),
+            ext_authz: Arc::clone(&services.ext_authz),
+            mcp_mapping: crate::authzen::declared_mapping(&config.authzen, &config.verifier.claims),
+            approvals: Arc::clone(&services.approvals),
+            ledger: Arc::clone(&services.ledger),
+            entities: Arc::clone(&services.entities),
+            policies: Arc::clone(&services.policies),
+            metrics: Arc::clone(&services.metrics),
+        },
         authzen: Arc::clone(&services.authzen),
-        ext_authz: Arc::clone(&services.ext_authz),
         console: Arc::clone(&services.console),
-        mcp_mapping: crate::authzen::declared_mapping(&config.authzen, &config.verifier.claims),
-        approvals: Arc::clone(&services.approvals),
-        ledger: Arc::clone(&services.ledger),
-        entities: Arc::clone(&services.entities),
-        policies: Arc::clone(&services.policies),
-        metrics: Arc::clone(&services.metrics),
     };
-    let result = grpc::serve(
+    let result = listener::serve(
         listeners.api,
-        handlers,
+        doors,
         options,
         running.store_health(),
         shutdown,

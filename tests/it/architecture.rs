@@ -40,7 +40,8 @@ const ROOT: usize = 0;
 const EDGES_FILE: &str = "docs/module-edges.txt";
 const EDGES_HEADER: &str = "\
 # The module graph of src/ collapsed to concerns (each top-level module one
-# node, its IO side, `desk`, apart): one `from -> to` line per edge.
+# node, its IO side (`desk`, or `http` for a door's HTTP handlers) apart):
+# one `from -> to` line per edge.
 # Generated: `TOOLGATE_BLESS=1 cargo test --test it architecture::` rewrites
 # it; `cargo test --test it architecture::` fails when it is not the code's.
 ";
@@ -68,9 +69,10 @@ const LAYERS: &[&[&str]] = &[
     &["decision"],
     // the doors' cores, then their IO sides
     &["authzen", "ext_authz", "console"],
-    &["authzen::desk", "ext_authz::desk", "console::desk"],
+    &["authzen::http", "ext_authz::desk", "console::http"],
     &["config", "telemetry"],
     &["grpc"],
+    &["listener"],
     &["server"],
     &["cli"],
 ];
@@ -145,7 +147,7 @@ fn concerns_form_an_acyclic_graph() {
     print!("{}", report.edge_file());
     assert!(
         report.concern_cycles.is_empty(),
-        "{} cycle(s) between concerns (top-level modules, each `desk` its own):\n{}",
+        "{} cycle(s) between concerns (top-level modules, each `desk` and `http` its own):\n{}",
         report.concern_cycles.len(),
         show_cycles_in(&report.concern_edges, &report.concern_cycles),
     );
@@ -330,7 +332,7 @@ fn the_checker_finds_a_cycle_through_a_reexport() {
 }
 
 /// A tree whose only cycle is a `mod.rs` with its own child passes; the
-/// cycle is listed apart; a `desk` is a concern of its own; `$crate::`
+/// cycle is listed apart; a `desk` or `http` is a concern of its own; `$crate::`
 /// in a macro, a `self` in braces and test helpers are followed.
 #[test]
 fn the_checker_passes_a_layered_tree() {
@@ -417,7 +419,7 @@ struct Report {
     cycles: Vec<Vec<String>>,
     /// Cycles made only of edges between a module and its descendant.
     lineal_cycles: Vec<Vec<String>>,
-    /// The collapsed graph: top-level modules, each `desk` on its own.
+    /// The collapsed graph: top-level modules, each `desk` and `http` on its own.
     concern_edges: Edges,
     concern_cycles: Vec<Vec<String>>,
     /// The files read, and those declared only under `#[cfg(test)]`.
@@ -629,12 +631,13 @@ fn is_lineal(a: &str, b: &str) -> bool {
 }
 
 /// The concern a module belongs to: its top-level module, except that a
-/// top-level module's `desk` (the IO side of the concern) is its own.
+/// top-level module's `desk` (the IO side of the concern) or `http` (a door's
+/// HTTP handlers) is its own.
 fn concern(module: &str) -> String {
     let mut segments = module.split("::");
     let top = segments.next().unwrap_or(module);
     match segments.next() {
-        Some("desk") => format!("{top}::desk"),
+        Some(side @ ("desk" | "http")) => format!("{top}::{side}"),
         _ => top.to_owned(),
     }
 }

@@ -38,11 +38,6 @@ const FN_EXCEPTIONS: &[(&str, usize, &str)] = &[
         130,
         "the registry: every metric registered in one place, so that their names are read and reviewed together",
     ),
-    (
-        "src/grpc/mod.rs::serve",
-        210,
-        "to be cut when the listener stack leaves grpc/ (issue 34, under way)",
-    ),
 ];
 
 #[test]

@@ -319,32 +319,6 @@ where
     }
 }
 
-/// Health watches open at once: a slot each, or `RESOURCE_EXHAUSTED`.
-#[derive(Debug, Clone)]
-pub(super) struct WatchSlots {
-    slots: Arc<Semaphore>,
-    metrics: Arc<Metrics>,
-}
-
-impl WatchSlots {
-    pub(super) fn new(max: usize, metrics: Arc<Metrics>) -> Self {
-        Self {
-            slots: Arc::new(Semaphore::new(max.max(1))),
-            metrics,
-        }
-    }
-
-    /// A slot, held for as long as the watch runs.
-    pub(super) fn take(&self) -> Result<OwnedSemaphorePermit, Status> {
-        Arc::clone(&self.slots).try_acquire_owned().map_err(|_| {
-            self.metrics.overloaded("health_watches");
-            Status::resource_exhausted(
-                "the listener holds its most health watches; check instead, or watch again later",
-            )
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::LogEvery;

@@ -3,9 +3,10 @@
 //! certificate, Unix peer credentials), maps the request path to a service,
 //! and answers `PERMISSION_DENIED` (with `ErrorInfo` reason
 //! `caller_not_granted`) to a caller outside its grant. An admitted request
-//! carries the [`PeerIdentity`] in its extensions for the audit log, and the
-//! [`TenantScope`] its grants of the service give (every tenant under open
-//! access), which the desks check against the request's principal.
+//! carries the [`PeerIdentity`] in its extensions for the audit log, and
+//! the [`TenantScope`](crate::access::TenantScope) its grants of the
+//! service give (every tenant under open access), which the desks check
+//! against the request's principal (`grpc/admitted.rs` reads them).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,7 +19,7 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::access::{
-    AccessPolicy, PeerIdentity, ReconcileScope, ServiceName, Target, TenantScope, target_of_path,
+    AccessPolicy, PeerIdentity, ReconcileScope, ServiceName, Target, target_of_path,
 };
 use crate::metrics::Metrics;
 
@@ -52,9 +53,9 @@ fn http_refusal(
     message: &str,
 ) -> http::Response<Body> {
     let refusal = if service == ServiceName::Console {
-        crate::console::desk::forbidden(message)
+        crate::console::http::forbidden(message)
     } else {
-        crate::authzen::desk::forbidden(message)
+        crate::authzen::http::forbidden(message)
     };
     let mut response = refusal.map(Body::new);
     let mut ids = req.headers().get_all("x-request-id").iter();
@@ -244,34 +245,4 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(inner.call(req))
     }
-}
-
-/// The tenants the caller of a request may act for, as the access layer
-/// found them. None at all when the layer set none (a wiring mistake):
-/// fail closed.
-pub fn tenants<T>(request: &tonic::Request<T>) -> TenantScope {
-    request
-        .extensions()
-        .get::<TenantScope>()
-        .cloned()
-        .unwrap_or_default()
-}
-
-/// The tenants the caller may reconcile for without a fencing token; none
-/// when the layer set none (fail closed).
-pub fn reconcile_tenants<T>(request: &tonic::Request<T>) -> TenantScope {
-    request
-        .extensions()
-        .get::<ReconcileScope>()
-        .map(|s| s.0.clone())
-        .unwrap_or_default()
-}
-
-/// The transport identity of a request, as the access layer saw it.
-pub fn peer<T>(request: &tonic::Request<T>) -> String {
-    request
-        .extensions()
-        .get::<PeerIdentity>()
-        .map(ToString::to_string)
-        .unwrap_or_default()
 }

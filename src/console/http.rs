@@ -51,43 +51,43 @@ const HISTORY: usize = 200;
 /// How often an idle live stream sends a comment, so proxies keep it open.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
-/// The console's desk: the approval desk it is a door onto, and its
+/// The console over HTTP: the approval desk it is a door onto, and its
 /// configuration.
 #[derive(Debug)]
-pub struct ConsoleDesk {
+pub struct ConsoleHttp {
     approvals: Arc<ApprovalDesk>,
     config: ConsoleConfig,
 }
 
-impl ConsoleDesk {
+impl ConsoleHttp {
     #[must_use]
-    pub fn new(approvals: Arc<ApprovalDesk>, config: ConsoleConfig) -> Self {
+    pub(crate) fn new(approvals: Arc<ApprovalDesk>, config: ConsoleConfig) -> Self {
         Self { approvals, config }
     }
 }
 
 #[derive(Debug, Clone)]
 struct State {
-    desk: Arc<ConsoleDesk>,
+    console: Arc<ConsoleHttp>,
     /// Becomes `true` when the server starts shutting down: live streams end.
     stopping: watch::Receiver<bool>,
 }
 
 /// The console's routes, to merge beside the gRPC services. When the
 /// console is not enabled they answer `404`, saying how to enable it.
-pub fn router(desk: Arc<ConsoleDesk>, stopping: watch::Receiver<bool>) -> axum::Router {
+pub(crate) fn router(console: Arc<ConsoleHttp>, stopping: watch::Receiver<bool>) -> axum::Router {
     use axum::routing::any;
     axum::Router::new()
         .route("/console", any(handle))
         .route("/console/", any(handle))
         .route("/console/{*rest}", any(handle))
-        .with_state(State { desk, stopping })
+        .with_state(State { console, stopping })
 }
 
 /// The answer of the admission layer to a console request it refuses (no
 /// grant, or the DNS-rebinding guard): `403` with a message.
 #[must_use]
-pub fn forbidden(message: &str) -> Response {
+pub(crate) fn forbidden(message: &str) -> Response {
     text(StatusCode::FORBIDDEN, message)
 }
 
@@ -125,7 +125,7 @@ fn method_not_allowed(allow: &'static str) -> Response {
     response
 }
 
-impl ConsoleDesk {
+impl ConsoleHttp {
     /// The approver's token: the proxy's header first, else the page's
     /// `Authorization: Bearer`; empty when neither is there (the desk
     /// refuses it as `unauthorized`).
@@ -164,8 +164,8 @@ async fn handle(
     axum::extract::State(state): axum::extract::State<State>,
     req: http::Request<Body>,
 ) -> Response {
-    let desk = Arc::clone(&state.desk);
-    if !desk.config.enabled {
+    let console = Arc::clone(&state.console);
+    if !console.config.enabled {
         return text(
             StatusCode::NOT_FOUND,
             "the approval console is not enabled (set `[console] enabled = true`)",
@@ -196,7 +196,7 @@ async fn handle(
             "the console API answers only the console's own page",
         );
     }
-    if let Some(name) = desk.repeated_token_header(&parts.headers) {
+    if let Some(name) = console.repeated_token_header(&parts.headers) {
         return text(
             StatusCode::BAD_REQUEST,
             &format!("the header `{name}` is sent more than once: send the token once"),
@@ -204,24 +204,24 @@ async fn handle(
     }
     let api = api.to_owned();
     match api.as_str() {
-        "session" => get_only(&parts).unwrap_or_else(|| session(&desk, &parts.headers)),
+        "session" => get_only(&parts).unwrap_or_else(|| session(&console, &parts.headers)),
         "approvals" => match get_only(&parts) {
             Some(refused) => refused,
-            None => list(&desk, &parts).await,
+            None => list(&console, &parts).await,
         },
         "events" => match get_only(&parts) {
             Some(refused) => refused,
-            None => events(&desk, &parts.headers, state.stopping.clone()).await,
+            None => events(&console, &parts.headers, state.stopping.clone()).await,
         },
         _ => {
             let mut segments = api.splitn(3, '/');
             match (segments.next(), segments.next(), segments.next()) {
                 (Some("approvals"), Some(id), None) if !id.is_empty() => match get_only(&parts) {
                     Some(refused) => refused,
-                    None => get(&desk, &parts.headers, id).await,
+                    None => get(&console, &parts.headers, id).await,
                 },
                 (Some("approvals"), Some(id), Some("decision")) if !id.is_empty() => {
-                    decide(&desk, &parts, body, id).await
+                    decide(&console, &parts, body, id).await
                 }
                 _ => text(StatusCode::NOT_FOUND, "no such console path"),
             }
@@ -257,12 +257,12 @@ fn page(req: &http::request::Parts, name: &str) -> Response {
 
 /// Who the token says the approver is: `signed_in` and the identity, or
 /// `signed_in: false` with why (the page then shows the sign-in form).
-fn session(desk: &ConsoleDesk, headers: &HeaderMap) -> Response {
-    let token = desk.token(headers);
+fn session(console: &ConsoleHttp, headers: &HeaderMap) -> Response {
+    let token = console.token(headers);
     let verified = if token.is_empty() {
         Err(DeskError(missing_token()))
     } else {
-        desk.approvals.authenticate_until(&token)
+        console.approvals.authenticate_until(&token)
     };
     match verified {
         Ok((caller, left)) => json_response(&json!({
@@ -271,7 +271,7 @@ fn session(desk: &ConsoleDesk, headers: &HeaderMap) -> Response {
             "tenant": caller.tenant_id,
             "roles": caller.roles,
             "expires_in_ms": u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
-            "from_proxy": desk.via_proxy(headers),
+            "from_proxy": console.via_proxy(headers),
         })),
         Err(DeskError(e)) => {
             let mut answer = error_json(&e);
@@ -286,19 +286,23 @@ fn session(desk: &ConsoleDesk, headers: &HeaderMap) -> Response {
 /// The pending queue (`?view=pending`, the default) or the history
 /// (`?view=history`: decided and expired approvals, latest first), each
 /// holding only what the approver may view.
-async fn list(desk: &ConsoleDesk, req: &http::request::Parts) -> Response {
+async fn list(console: &ConsoleHttp, req: &http::request::Parts) -> Response {
     let history = match req.uri.query().unwrap_or("") {
         "" | "view=pending" => false,
         "view=history" => true,
         _ => return text(StatusCode::BAD_REQUEST, "`view` is `pending` or `history`"),
     };
-    let token = desk.token(&req.headers);
+    let token = console.token(&req.headers);
     let status = (!history).then_some(ApprovalStatus::Pending);
     let mut approvals = Vec::new();
     let mut page_token = String::new();
     let mut complete = false;
     for _ in 0..MAX_PAGES {
-        match desk.approvals.list(&token, status, PAGE, &page_token).await {
+        match console
+            .approvals
+            .list(&token, status, PAGE, &page_token)
+            .await
+        {
             Ok(page) => {
                 approvals.extend(page.approvals);
                 page_token = page.next_page_token;
@@ -326,14 +330,19 @@ async fn list(desk: &ConsoleDesk, req: &http::request::Parts) -> Response {
     }))
 }
 
-async fn get(desk: &ConsoleDesk, headers: &HeaderMap, id: &str) -> Response {
-    match desk.approvals.get(&desk.token(headers), id).await {
+async fn get(console: &ConsoleHttp, headers: &HeaderMap, id: &str) -> Response {
+    match console.approvals.get(&console.token(headers), id).await {
         Ok(r) => json_response(&json!({ "approval": approval_json(&r) })),
         Err(DeskError(e)) => json_response(&error_json(&e)),
     }
 }
 
-async fn decide(desk: &ConsoleDesk, req: &http::request::Parts, body: Body, id: &str) -> Response {
+async fn decide(
+    console: &ConsoleHttp,
+    req: &http::request::Parts,
+    body: Body,
+    id: &str,
+) -> Response {
     if req.method != Method::POST {
         return method_not_allowed("POST");
     }
@@ -348,7 +357,7 @@ async fn decide(desk: &ConsoleDesk, req: &http::request::Parts, body: Body, id: 
             "a decision is `application/json`",
         );
     }
-    let token = desk.token(&req.headers);
+    let token = console.token(&req.headers);
     let peer = req
         .extensions
         .get::<PeerIdentity>()
@@ -365,7 +374,7 @@ async fn decide(desk: &ConsoleDesk, req: &http::request::Parts, body: Body, id: 
         Ok(d) => d,
         Err(e) => return json_response(&error_json(&e)),
     };
-    match desk
+    match console
         .approvals
         .decide(&token, id, approve, &arguments_sha256, &reason, &peer)
         .await
@@ -377,16 +386,16 @@ async fn decide(desk: &ConsoleDesk, req: &http::request::Parts, body: Body, id: 
 
 /// The live stream: the desk's watch as Server-Sent Events.
 async fn events(
-    desk: &ConsoleDesk,
+    console: &ConsoleHttp,
     headers: &HeaderMap,
     mut stopping: watch::Receiver<bool>,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<String>(64);
-    let token = desk.token(headers);
+    let token = console.token(headers);
     let watching = if token.is_empty() {
         Err(DeskError(missing_token()))
     } else {
-        desk.approvals.watch(&token).await
+        console.approvals.watch(&token).await
     };
     match watching {
         Err(DeskError(e)) => {

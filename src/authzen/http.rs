@@ -29,7 +29,7 @@ pub const SEARCH_ACTION_PATH: &str = "/access/v1/search/action";
 
 /// What the door needs, as [`crate::server::build`] wires it.
 #[derive(Debug)]
-pub struct AuthzenDesk {
+pub struct AuthzenHttp {
     authorizer: Arc<ToolCallAuthorizer>,
     audit: Arc<Audit>,
     config: AuthzenConfig,
@@ -41,7 +41,7 @@ pub struct AuthzenDesk {
     tls: bool,
 }
 
-/// The parts of an [`AuthzenDesk`], every one required.
+/// The parts of an [`AuthzenHttp`], every one required.
 #[derive(Debug)]
 pub struct AuthzenParts {
     pub authorizer: Arc<ToolCallAuthorizer>,
@@ -53,9 +53,9 @@ pub struct AuthzenParts {
     pub tls: bool,
 }
 
-impl AuthzenDesk {
+impl AuthzenHttp {
     #[must_use]
-    pub fn new(parts: AuthzenParts) -> Self {
+    pub(crate) fn new(parts: AuthzenParts) -> Self {
         let AuthzenParts {
             authorizer,
             audit,
@@ -82,14 +82,14 @@ impl AuthzenDesk {
 }
 
 /// The routes of the door, to merge with the gRPC routes.
-pub fn router(desk: Arc<AuthzenDesk>) -> axum::Router {
+pub(crate) fn router(door: Arc<AuthzenHttp>) -> axum::Router {
     use axum::routing::any;
     axum::Router::new()
         .route(METADATA_PATH, any(metadata))
         .route(EVALUATION_PATH, any(evaluation))
         .route(EVALUATIONS_PATH, any(evaluations))
         .route(SEARCH_ACTION_PATH, any(search_action))
-        .with_state(desk)
+        .with_state(door)
 }
 
 /// An HTTP error of the binding: a status and a message string.
@@ -118,10 +118,10 @@ struct Incoming {
     endpoint: &'static str,
 }
 
-fn incoming(desk: &AuthzenDesk, req: &http::Request<Body>, endpoint: &'static str) -> Incoming {
+fn incoming(door: &AuthzenHttp, req: &http::Request<Body>, endpoint: &'static str) -> Incoming {
     let headers = req.headers();
-    let token = single(headers, desk.config.identity_token_header.as_str()).unwrap_or_default();
-    let identity_token = if desk.config.identity_token_header == "authorization" {
+    let token = single(headers, door.config.identity_token_header.as_str()).unwrap_or_default();
+    let identity_token = if door.config.identity_token_header == "authorization" {
         crate::identity::bearer(token).unwrap_or_default()
     } else {
         token
@@ -173,7 +173,7 @@ fn json_response(value: &Value) -> Response {
 /// (no grant, or the DNS-rebinding guard): `403` with a message string,
 /// as the binding answers every refusal.
 #[must_use]
-pub fn forbidden(message: &str) -> Response {
+pub(crate) fn forbidden(message: &str) -> Response {
     error_response(&Refused {
         status: StatusCode::FORBIDDEN,
         reason: "forbidden",
@@ -199,7 +199,7 @@ fn error_response(refused: &Refused) -> Response {
     response
 }
 
-impl AuthzenDesk {
+impl AuthzenHttp {
     /// With `require_identity_token`, a request that brings no identity
     /// token is not evaluated: `401` (AuthZEN §12, DESIGN §11.1), before
     /// its body is read. A token that is there but invalid, or that the
@@ -531,11 +531,11 @@ fn listener_authority(ext: &http::Extensions) -> String {
         .map_or_else(|| "localhost".to_owned(), |a| a.to_string())
 }
 
-async fn metadata(State(desk): State<Arc<AuthzenDesk>>, req: http::Request<Body>) -> Response {
-    let incoming = incoming(&desk, &req, METADATA_PATH);
-    let mut response = match desk.metadata(&req) {
+async fn metadata(State(door): State<Arc<AuthzenHttp>>, req: http::Request<Body>) -> Response {
+    let incoming = incoming(&door, &req, METADATA_PATH);
+    let mut response = match door.metadata(&req) {
         Ok(v) => json_response(&v),
-        Err(refused) => desk.refuse(&incoming, &refused).await,
+        Err(refused) => door.refuse(&incoming, &refused).await,
     };
     // What it names depends on the listener and the configuration, and is
     // not to be kept by a cache between the client and here.
@@ -545,14 +545,14 @@ async fn metadata(State(desk): State<Arc<AuthzenDesk>>, req: http::Request<Body>
     with_request_id(response, incoming.request_id)
 }
 
-async fn evaluation(State(desk): State<Arc<AuthzenDesk>>, req: http::Request<Body>) -> Response {
-    desk.evaluation(req).await
+async fn evaluation(State(door): State<Arc<AuthzenHttp>>, req: http::Request<Body>) -> Response {
+    door.evaluation(req).await
 }
 
-async fn evaluations(State(desk): State<Arc<AuthzenDesk>>, req: http::Request<Body>) -> Response {
-    desk.evaluations(req).await
+async fn evaluations(State(door): State<Arc<AuthzenHttp>>, req: http::Request<Body>) -> Response {
+    door.evaluations(req).await
 }
 
-async fn search_action(State(desk): State<Arc<AuthzenDesk>>, req: http::Request<Body>) -> Response {
-    desk.search_action(req).await
+async fn search_action(State(door): State<Arc<AuthzenHttp>>, req: http::Request<Body>) -> Response {
+    door.search_action(req).await
 }
