@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use toolgate::access::TenantScope;
 use toolgate::decision::{AuthorizeInput, Decision};
+use toolgate::envelope::Checked;
 use toolgate::identity::Caller;
 
 const TOOLS: usize = 1_000;
@@ -230,7 +231,7 @@ fn measure(policies: usize, rt: &tokio::runtime::Runtime) -> BenchResult<Figures
         let listed = authorizer.callable_tools(Some(&caller), "", &TenantScope::Any);
         lists.push(start.elapsed());
         assert!(
-            matches!(listed, Ok(Ok(ref l)) if l.tools.len() == TOOLS),
+            matches!(listed, Ok(Checked::Passed(ref l)) if l.tools.len() == TOOLS),
             "{listed:?}"
         );
     }

@@ -329,6 +329,39 @@ impl ErrorCode {
     }
 }
 
+/// What a check of the model's call gives once the executor's request is
+/// well formed: the value it establishes, or the refusal that becomes the
+/// call's answer. A refusal is a decision the caller is told, in an
+/// envelope; an executor's mistake is the `Err` of the `Result` around it
+/// ([`RequestError`]), never a `Checked`.
+#[derive(Debug, Clone, PartialEq)]
+#[must_use]
+pub enum Checked<T> {
+    Passed(T),
+    Refused(Envelope),
+}
+
+impl<T> Checked<T> {
+    /// The value, or the refusal as the error (for `?` and `and_then`).
+    ///
+    /// # Errors
+    /// The refusal's [`Envelope`].
+    pub fn into_result(self) -> Result<T, Envelope> {
+        match self {
+            Self::Passed(v) => Ok(v),
+            Self::Refused(e) => Err(e),
+        }
+    }
+
+    /// The value, if the check passed.
+    pub const fn passed(&self) -> Option<&T> {
+        match self {
+            Self::Passed(v) => Some(v),
+            Self::Refused(_) => None,
+        }
+    }
+}
+
 /// One non-allow answer: a code with its message and details.
 ///
 /// `message` is written for the model and the user: it never holds stack

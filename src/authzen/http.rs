@@ -465,6 +465,7 @@ impl AuthzenHttp {
                     &incoming.tenants,
                 )
                 .map_err(|e| self.request_refused(&e))?
+                .into_result()
                 .map_err(|envelope| {
                     if envelope.code == ErrorCode::Unauthorized {
                         Refused {

@@ -11,7 +11,7 @@ use crate::decision::{
     AuthorizeInput, AuthorizeOutcome, Door, ScheduleItem, ToolCallAuthorizer, schedule,
 };
 use crate::decode;
-use crate::envelope::{Envelope, ErrorCode, ExecutorError, unknown_tool};
+use crate::envelope::{Checked, Envelope, ErrorCode, ExecutorError, unknown_tool};
 use crate::ledger::BeginAnswer;
 use crate::ledger::desk::LedgerDesk;
 use crate::tools::ToolContract;
@@ -306,11 +306,11 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
             .callable_tools(caller.as_ref(), &identity_token, &tenants)
             .map_err(|e| convert::request_status(&e))?
         {
-            Ok(callable) => callable,
-            Err(e) if e.code == ErrorCode::Unauthorized => {
+            Checked::Passed(callable) => callable,
+            Checked::Refused(e) if e.code == ErrorCode::Unauthorized => {
                 return Err(convert::unauthenticated(&e));
             }
-            Err(e) => return Err(Status::internal(e.message)),
+            Checked::Refused(e) => return Err(Status::internal(e.message)),
         };
         Ok(Response::new(pb::ListToolsResponse {
             tools: callable

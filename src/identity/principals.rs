@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{Caller, IdentityVerifier};
 use crate::access::TenantScope;
 use crate::clock::UnixMillis;
-use crate::envelope::{Envelope, ErrorCode, ExecutorError, RequestError};
+use crate::envelope::{Checked, Envelope, ErrorCode, ExecutorError, RequestError};
 
 /// The authenticated caller of an executor's request: an auth context with
 /// a subject and a tenant, or the executor's mistake.
@@ -55,16 +55,16 @@ impl Principals {
         identity_token: &str,
         now: UnixMillis,
         tenants: &TenantScope,
-    ) -> Result<Result<Caller, Envelope>, RequestError> {
+    ) -> Result<Checked<Caller>, RequestError> {
         let principal = self.resolve(auth, identity_token, now)?;
-        if let Ok(caller) = &principal {
+        if let Some(caller) = principal.passed() {
             tenants.admit(&caller.tenant_id)?;
         }
         Ok(principal)
     }
 
     /// The principal of a request whose auth context is `auth`, carrying
-    /// `identity_token`, at `now`. `Ok(Err(_))` is an `unauthorized`
+    /// `identity_token`, at `now`. [`Checked::Refused`] is an `unauthorized`
     /// envelope whose `details.reason` says why (`missing_token`,
     /// `subject_mismatch`, the token's own failure such as `expired`, …).
     ///
@@ -76,9 +76,9 @@ impl Principals {
         auth: Option<&Caller>,
         identity_token: &str,
         now: UnixMillis,
-    ) -> Result<Result<Caller, Envelope>, ExecutorError> {
+    ) -> Result<Checked<Caller>, ExecutorError> {
         if !self.required {
-            return Ok(Ok(require_caller(auth)?.clone()));
+            return Ok(Checked::Passed(require_caller(auth)?.clone()));
         }
         let auth =
             auth.ok_or_else(|| ExecutorError::new("auth", "the auth context is required"))?;
@@ -90,32 +90,32 @@ impl Principals {
             .with("reason", reason)
         };
         if identity_token.is_empty() {
-            return Ok(Err(refuse("missing_token")));
+            return Ok(Checked::Refused(refuse("missing_token")));
         }
         let Some(verifier) = &self.verifier else {
-            return Ok(Err(refuse("no_key_set")));
+            return Ok(Checked::Refused(refuse("no_key_set")));
         };
         let verified = match verifier.verify(identity_token, now.div_euclid(1000)) {
             Ok(c) => c,
-            Err(reason) => return Ok(Err(refuse(reason))),
+            Err(reason) => return Ok(Checked::Refused(refuse(reason))),
         };
         let disagrees = |given: &str, proven: &str| !given.is_empty() && given != proven;
         fn set(v: &[String]) -> std::collections::BTreeSet<&str> {
             v.iter().map(String::as_str).collect()
         }
         if disagrees(&auth.subject_id, &verified.subject_id) {
-            return Ok(Err(refuse("subject_mismatch")));
+            return Ok(Checked::Refused(refuse("subject_mismatch")));
         }
         if disagrees(&auth.tenant_id, &verified.tenant_id) {
-            return Ok(Err(refuse("tenant_mismatch")));
+            return Ok(Checked::Refused(refuse("tenant_mismatch")));
         }
         if !auth.roles.is_empty() && set(&auth.roles) != set(&verified.roles) {
-            return Ok(Err(refuse("roles_mismatch")));
+            return Ok(Checked::Refused(refuse("roles_mismatch")));
         }
         if !auth.scopes.is_empty() && set(&auth.scopes) != set(&verified.scopes) {
-            return Ok(Err(refuse("scopes_mismatch")));
+            return Ok(Checked::Refused(refuse("scopes_mismatch")));
         }
-        Ok(Ok(Caller {
+        Ok(Checked::Passed(Caller {
             agent_id: auth.agent_id.clone(),
             session_id: auth.session_id.clone(),
             ..verified

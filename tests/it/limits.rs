@@ -8,6 +8,11 @@
 //! file declared only under it) is not counted. A function's length runs
 //! from its `fn` keyword to its closing brace, blank lines and comments
 //! inside it included: what a reader has to hold at once.
+//!
+//! And no signature outside tests returns a `Result` of a `Result`: a
+//! refusal that is a decision is an [`toolgate::envelope::Checked`], an
+//! executor's mistake the error around it; a row that cannot be read is
+//! one error, not two.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -108,6 +113,23 @@ fn no_file_or_function_outgrows_the_limits() {
     }
 }
 
+#[test]
+fn no_signature_returns_a_result_of_a_result() {
+    let root = crate_dir();
+    let mut nested = Vec::new();
+    for file in non_test_sources() {
+        let rel = file.strip_prefix(&root).unwrap().display().to_string();
+        for (name, line) in measure(&file).nested_results {
+            nested.push(format!("{rel}:{line}: {name}"));
+        }
+    }
+    assert!(
+        nested.is_empty(),
+        "a Result of a Result (name the inner answer, e.g. envelope::Checked, or make it one error):\n  {}",
+        nested.join("\n  ")
+    );
+}
+
 /// The counting rules on a small file.
 #[test]
 fn tests_comments_and_blank_lines_do_not_count() {
@@ -130,12 +152,70 @@ fn tests_comments_and_blank_lines_do_not_count() {
         measured.functions,
         [("five".to_owned(), 4, 7), ("m".to_owned(), 19, 3)]
     );
+    assert!(measured.nested_results.is_empty());
+}
+
+/// A `Result` of a `Result` is found however the outer one is spelled, in
+/// free functions, methods and trait methods, but not in tests.
+#[test]
+fn a_result_of_a_result_is_found_in_any_spelling() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("x.rs");
+    std::fs::write(
+        &file,
+        "fn a() -> Result<Result<u8, E>, F> { todo!() }
+         fn b() -> rusqlite::Result<std::result::Result<u8, E>> { todo!() }
+         fn c() -> Result<Option<u8>, E> { todo!() }
+         impl S {
+    fn d(&self) -> Result<Result<(), E>, E> { todo!() }
+}
+         trait T {
+    fn e() -> io::Result<Result<(), E>>;
+}
+         #[cfg(test)]
+mod tests {
+    fn f() -> Result<Result<(), E>, E> { todo!() }
+}
+",
+    )
+    .unwrap();
+    assert_eq!(
+        measure(&file).nested_results,
+        [
+            ("a".to_owned(), 1),
+            ("b".to_owned(), 2),
+            ("d".to_owned(), 5),
+            ("e".to_owned(), 8)
+        ]
+    );
 }
 
 struct Measured {
     code_lines: usize,
     /// Each function outside tests: name, first line, length in lines.
     functions: Vec<(String, usize, usize)>,
+    /// Each signature outside tests returning a `Result` of a `Result`:
+    /// name, line.
+    nested_results: Vec<(String, usize)>,
+}
+
+/// The first type argument of `ty` when `ty` is a `Result` (any path
+/// ending in `Result`: `io::Result`, `rusqlite::Result`, …).
+fn result_ok_type(ty: &syn::Type) -> Option<&syn::Type> {
+    let syn::Type::Path(p) = ty else {
+        return None;
+    };
+    let last = p.path.segments.last()?;
+    if last.ident != "Result" {
+        return None;
+    }
+    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    args.args.iter().find_map(|a| match a {
+        syn::GenericArgument::Type(t) => Some(t),
+        _ => None,
+    })
 }
 
 fn measure(file: &Path) -> Measured {
@@ -165,6 +245,7 @@ fn measure(file: &Path) -> Measured {
     Measured {
         code_lines,
         functions: walker.functions,
+        nested_results: walker.nested_results,
     }
 }
 
@@ -172,6 +253,7 @@ fn measure(file: &Path) -> Measured {
 struct Walker {
     test_spans: Vec<(usize, usize)>,
     functions: Vec<(String, usize, usize)>,
+    nested_results: Vec<(String, usize)>,
 }
 
 impl Walker {
@@ -197,6 +279,16 @@ impl Walker {
 }
 
 impl<'ast> Visit<'ast> for Walker {
+    fn visit_signature(&mut self, sig: &'ast syn::Signature) {
+        if let syn::ReturnType::Type(_, ty) = &sig.output
+            && result_ok_type(ty).and_then(result_ok_type).is_some()
+        {
+            self.nested_results
+                .push((sig.ident.to_string(), sig.fn_token.span.start().line));
+        }
+        visit::visit_signature(self, sig);
+    }
+
     fn visit_item(&mut self, item: &'ast syn::Item) {
         let attrs: &[Attribute] = match item {
             syn::Item::Mod(m) => &m.attrs,

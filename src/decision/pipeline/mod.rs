@@ -30,7 +30,7 @@ use crate::decision::AuthorizerConfig;
 use crate::decision::outcome::{AuthorizeInput, AuthorizeOutcome, Decision, Door};
 use crate::decode::{self, DecodeError};
 use crate::entities::EntityKey;
-use crate::envelope::{Envelope, ErrorCode, ExecutorError, RequestError, echo};
+use crate::envelope::{Checked, Envelope, ErrorCode, ExecutorError, RequestError, echo};
 use crate::identity::{Caller, Principals};
 use crate::metrics::{Metrics, UNKNOWN_TOOL};
 use crate::policy::{PolicyDecision, PolicyEngine, ToolCall};
@@ -165,7 +165,7 @@ impl ToolCallAuthorizer {
 
     /// The principal of a call (see [`Principals`]), once it is known to be
     /// of a tenant the caller may act for.
-    fn principal(&self, input: &AuthorizeInput) -> Result<Result<Caller, Envelope>, RequestError> {
+    fn principal(&self, input: &AuthorizeInput) -> Result<Checked<Caller>, RequestError> {
         self.principals.resolve_within(
             input.caller.as_ref(),
             &input.identity_token,
@@ -182,7 +182,7 @@ impl ToolCallAuthorizer {
     /// call of it would be denied for this principal; a tool whose calls
     /// need an approval is in. Nothing is decided, counted or audited.
     ///
-    /// `Ok(Err(envelope))` is `unauthorized` (the principal could not be
+    /// [`Checked::Refused`] is `unauthorized` (the principal could not be
     /// established, `details.reason` says why) or `internal_error` (the
     /// policy set could not answer; a bug).
     ///
@@ -196,7 +196,7 @@ impl ToolCallAuthorizer {
         caller: Option<&Caller>,
         identity_token: &str,
         tenants: &TenantScope,
-    ) -> Result<Result<CallableTools, Envelope>, RequestError> {
+    ) -> Result<Checked<CallableTools>, RequestError> {
         let engine = self.engine.load_full();
         let caller = match self.principals.resolve_within(
             caller,
@@ -204,17 +204,17 @@ impl ToolCallAuthorizer {
             self.clock.now_ms(),
             tenants,
         )? {
-            Ok(caller) => caller,
-            Err(envelope) => return Ok(Err(envelope)),
+            Checked::Passed(caller) => caller,
+            Checked::Refused(envelope) => return Ok(Checked::Refused(envelope)),
         };
         Ok(match engine.callable_tools(&caller) {
-            Ok(tools) => Ok(CallableTools {
+            Ok(tools) => Checked::Passed(CallableTools {
                 tools,
                 policy_version: engine.version().to_owned(),
             }),
             Err(e) => {
                 tracing::error!(error = %e, "cannot compute the tools a principal may call");
-                Err(Envelope::new(
+                Checked::Refused(Envelope::new(
                     ErrorCode::InternalError,
                     "the tools this caller may call could not be computed",
                 ))
@@ -239,7 +239,7 @@ impl ToolCallAuthorizer {
         }
         parse_entities(&input.entities_json, &self.config.entity_limits)?;
         // As in `decide`, only a call with a principal gets this far.
-        if principal.is_err() {
+        if principal.passed().is_none() {
             return Ok(());
         }
         if let Some(tool) = self.engine.load().tools().get(&input.tool)
@@ -280,8 +280,8 @@ impl ToolCallAuthorizer {
             principal: None,
         };
         let caller = match principal {
-            Ok(c) => c,
-            Err(envelope) => return Ok(out.deny(envelope)),
+            Checked::Passed(c) => c,
+            Checked::Refused(envelope) => return Ok(out.deny(envelope)),
         };
         let mut out = self.decide(input, &engine, &caller, entities, out).await?;
         out.principal = Some(caller);

@@ -26,7 +26,7 @@ use serde_json::Value;
 use crate::audit::Audit;
 use crate::clock::Clock;
 use crate::decode::{self, Limits};
-use crate::envelope::{Envelope, ErrorCode, ExecutorError, RequestError, unknown_tool};
+use crate::envelope::{Checked, Envelope, ErrorCode, ExecutorError, RequestError, unknown_tool};
 use crate::identity::{Caller, Principals};
 use crate::ledger::{
     Begin, BeginAnswer, Collect, Complete, Completion, ExecutionId, ExecutionRecord, LedgerConfig,
@@ -126,7 +126,7 @@ impl LedgerDesk {
     /// The principal of a request (see [`Principals`]), once it is known to
     /// be of a tenant the caller may act for: a record of any other tenant
     /// is never read, begun or settled.
-    fn principal(&self, auth: &ExecutorAuth) -> Result<Result<Caller, Envelope>, RequestError> {
+    fn principal(&self, auth: &ExecutorAuth) -> Result<Checked<Caller>, RequestError> {
         self.principals.resolve_within(
             auth.caller.as_ref(),
             &auth.identity_token,
@@ -151,7 +151,7 @@ impl LedgerDesk {
             lease_ms,
             execution_ticket,
         } = req;
-        let principal = self.principal(&auth)?;
+        let principal = self.principal(&auth)?.into_result();
         check_key(&idempotency_key)?;
         let is_sha = arguments_sha256.len() == 64
             && arguments_sha256
@@ -281,7 +281,7 @@ impl LedgerDesk {
             result_json,
             error,
         } = req;
-        let principal = self.principal(&auth)?;
+        let principal = self.principal(&auth)?.into_result();
         check_key(&idempotency_key)?;
         if fencing_token == 0 {
             return Err(ExecutorError::new(
@@ -358,7 +358,7 @@ impl LedgerDesk {
             result_json,
             fencing_token,
         } = req;
-        let principal = self.principal(&auth)?;
+        let principal = self.principal(&auth)?.into_result();
         check_key(&idempotency_key)?;
         // Without the holder's token, only a caller granted `reconcile` for
         // this tenant may settle another executor's attempt.
@@ -428,7 +428,10 @@ impl LedgerDesk {
         auth: &ExecutorAuth,
         idempotency_key: &str,
     ) -> Result<Option<ExecutionRecord>, LedgerError> {
-        let principal = self.principal(auth)?.map_err(LedgerError::Unauthorized)?;
+        let principal = self
+            .principal(auth)?
+            .into_result()
+            .map_err(LedgerError::Unauthorized)?;
         check_key(idempotency_key)?;
         self.store
             .get_execution(&principal.tenant_id, idempotency_key)

@@ -3,23 +3,24 @@
 use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval};
 use crate::clock::UnixMillis;
 use crate::store::{APPROVAL_COLUMNS, StoreError, stored_risk, stored_status};
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use rusqlite::{Connection, Row, params};
 
 /// The whole call an approval is bound to (DESIGN §4), parameters ?1–?7.
 pub(super) const SAME_CALL: &str = "tenant_id = ?1 AND requester_subject_id = ?2 AND tool = ?3 AND tool_version = ?4 \
      AND risk = ?5 AND arguments_sha256 = ?6 AND request_id = ?7";
 
-pub(super) fn approval_from_row(
-    row: &Row<'_>,
-) -> rusqlite::Result<Result<ApprovalRecord, StoreError>> {
+/// One `approvals` row, read through `query_and_then`: a column SQLite
+/// cannot give and a stored value toolgate cannot read are both a
+/// [`StoreError`].
+pub(super) fn approval_from_row(row: &Row<'_>) -> Result<ApprovalRecord, StoreError> {
     let (risk, status) = match (
         stored_risk(&row.get::<_, String>(6)?),
         stored_status(&row.get::<_, String>(10)?),
     ) {
         (Ok(risk), Ok(status)) => (risk, status),
-        (Err(e), _) | (_, Err(e)) => return Ok(Err(e)),
+        (Err(e), _) | (_, Err(e)) => return Err(e),
     };
-    Ok(Ok(ApprovalRecord {
+    Ok(ApprovalRecord {
         approval_id: row.get(0)?,
         tenant_id: row.get(1)?,
         requester_subject_id: row.get(2)?,
@@ -37,7 +38,7 @@ pub(super) fn approval_from_row(
         decided_at: row.get(14)?,
         reason: row.get(15)?,
         consumed_by_idempotency_key: row.get(16)?,
-    }))
+    })
 }
 
 pub(super) fn read_approval(
@@ -45,14 +46,11 @@ pub(super) fn read_approval(
     tenant_id: &str,
     approval_id: &str,
 ) -> Result<Option<ApprovalRecord>, StoreError> {
-    conn.query_row(
-        &format!(
-            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ?1 AND approval_id = ?2"
-        ),
-        params![tenant_id, approval_id],
-        approval_from_row,
-    )
-    .optional()?
+    conn.prepare(&format!(
+        "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE tenant_id = ?1 AND approval_id = ?2"
+    ))?
+    .query_and_then(params![tenant_id, approval_id], approval_from_row)?
+    .next()
     .transpose()
 }
 
@@ -83,10 +81,10 @@ pub(super) fn pending_in(
 ) -> Result<(ApprovalRecord, bool), StoreError> {
     lapse_pending_of_call(tx, &new, now)?;
     let existing = tx
-        .query_row(
-            &format!(
-                "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'PENDING' AND {SAME_CALL}"
-            ),
+        .prepare(&format!(
+            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE status = 'PENDING' AND {SAME_CALL}"
+        ))?
+        .query_and_then(
             params![
                 new.tenant_id,
                 new.requester_subject_id,
@@ -97,10 +95,11 @@ pub(super) fn pending_in(
                 new.request_id
             ],
             approval_from_row,
-        )
-        .optional()?;
+        )?
+        .next()
+        .transpose()?;
     if let Some(record) = existing {
-        return record.map(|r| (r, false));
+        return Ok((record, false));
     }
     // Inside BEGIN IMMEDIATE: no other writer counts or inserts meanwhile.
     let (subject, tenant): (i64, i64) = tx.query_row(

@@ -6,7 +6,7 @@ use crate::store::{
     EXECUTION_COLUMNS, StoreError, collectable_states_sql, error_to_json, signed, stored_error,
     stored_state, stored_unsigned,
 };
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use rusqlite::{Connection, Row, params};
 use std::sync::LazyLock;
 
 /// `Collect::covers` in SQLite: settled records, last changed at or before
@@ -19,9 +19,10 @@ pub(super) static COLLECT_EXECUTIONS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-pub(super) fn execution_from_row(
-    row: &Row<'_>,
-) -> rusqlite::Result<Result<ExecutionRecord, StoreError>> {
+/// One `executions` row, read through `query_and_then`: a column SQLite
+/// cannot give and a stored value toolgate cannot read are both a
+/// [`StoreError`].
+pub(super) fn execution_from_row(row: &Row<'_>) -> Result<ExecutionRecord, StoreError> {
     let parsed = (
         stored_state(&row.get::<_, String>(4)?),
         stored_error(row.get::<_, Option<String>>(10)?.as_deref()),
@@ -30,9 +31,9 @@ pub(super) fn execution_from_row(
     );
     let (state, error, fencing_token, revision) = match parsed {
         (Ok(s), Ok(e), Ok(t), Ok(r)) => (s, e, t, r),
-        (Err(e), ..) | (_, Err(e), ..) | (.., Err(e), _) | (.., Err(e)) => return Ok(Err(e)),
+        (Err(e), ..) | (_, Err(e), ..) | (.., Err(e), _) | (.., Err(e)) => return Err(e),
     };
-    Ok(Ok(ExecutionRecord {
+    Ok(ExecutionRecord {
         tenant_id: row.get(0)?,
         idempotency_key: row.get(1)?,
         tool: row.get(2)?,
@@ -47,7 +48,7 @@ pub(super) fn execution_from_row(
         created_at: row.get(11)?,
         updated_at: row.get(12)?,
         revision,
-    }))
+    })
 }
 
 /// The ledger's statements, prepared once per connection and kept in its
@@ -74,8 +75,8 @@ pub(super) fn read_execution(
 ) -> Result<Option<ExecutionRecord>, StoreError> {
     // Cached: every ledger transition reads its record first.
     conn.prepare_cached(&SELECT_EXECUTION)?
-        .query_row(params![tenant_id, idempotency_key], execution_from_row)
-        .optional()?
+        .query_and_then(params![tenant_id, idempotency_key], execution_from_row)?
+        .next()
         .transpose()
 }
 

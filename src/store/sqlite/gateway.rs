@@ -3,7 +3,7 @@
 //! decision, an executor's consumption) changes an approval between the
 //! lookup and the consumption.
 
-use rusqlite::{Connection, OptionalExtension, ToSql, TransactionBehavior, params};
+use rusqlite::{Connection, ToSql, TransactionBehavior, params};
 
 use super::super::{APPROVAL_COLUMNS, GatewayApproval, StoreError};
 use super::{approval_from_row, lapse_pending_of_call, pending_in};
@@ -47,8 +47,8 @@ pub(super) fn approval_for_gateway_call(
         let mut stmt = tx.prepare_cached(&sql)?;
         // SQLite refuses parameters a statement does not use.
         let used = all.get(..stmt.parameter_count()).unwrap_or(&all);
-        let found = stmt.query_row(used, approval_from_row);
-        found.optional()?.transpose()
+        let found = stmt.query_and_then(used, approval_from_row)?.next();
+        found.transpose()
     };
     const OLDEST: &str = "created_at, approval_id";
     let usable = "status = 'APPROVED' AND expires_at > ?7";

@@ -235,15 +235,11 @@ impl Store for SqliteStore {
                  AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR approval_id > ?3) \
                  ORDER BY approval_id LIMIT ?4"
             ))?;
-            let rows = stmt.query_map(
+            let rows = stmt.query_and_then(
                 params![tenant_id, status.map(ApprovalStatus::as_str), after, limit],
                 approval_from_row,
             )?;
-            let mut out = Vec::new();
-            for row in rows {
-                out.push(row??);
-            }
-            Ok(out)
+            rows.collect()
         })
         .await
     }
@@ -296,12 +292,8 @@ impl Store for SqliteStore {
                      AND (status = 'PENDING' OR (status = 'APPROVED' AND consumed_by_idempotency_key IS NULL)) \
                      RETURNING {APPROVAL_COLUMNS}"
                 ))?;
-                let rows = stmt.query_map(params![now], approval_from_row)?;
-                let mut out = Vec::new();
-                for row in rows {
-                    out.push(row??);
-                }
-                out
+                stmt.query_and_then(params![now], approval_from_row)?
+                    .collect::<Result<Vec<_>, _>>()?
             };
             tx.commit()?;
             Ok(out)
