@@ -191,8 +191,7 @@ impl CallableIndex {
             };
             let resource = match &tool.resource {
                 Some(r) => Resource::OfType(
-                    EntityTypeName::from_str(&r.entity_type)
-                        .map_err(|e| DecideError::Request(e.to_string()))?,
+                    EntityTypeName::from_str(&r.entity_type).map_err(DecideError::request)?,
                 ),
                 None => Resource::Known(uid("Tool", &tool.name)?),
             };
@@ -280,7 +279,6 @@ impl ToolQuery {
     /// contract, the context of DESIGN §3.2 with `input` unknown (and, for
     /// anyone, the principal, scopes, agent and session unknown too).
     fn request(&self, who: Who<'_>, approved: bool) -> Result<Request, DecideError> {
-        let request_error = |e: &dyn std::fmt::Display| DecideError::Request(e.to_string());
         let (principal, scopes, agent, session) = match who {
             Who::Anyone => (
                 None,
@@ -317,7 +315,7 @@ impl ToolQuery {
                 RestrictedExpression::new_unknown("input"),
             ),
         ])
-        .map_err(|e| request_error(&e))?;
+        .map_err(DecideError::request)?;
         let builder = Request::builder().action(self.action.clone());
         let builder = match principal {
             Some(p) => builder.principal(p.clone()),
@@ -335,7 +333,7 @@ impl ToolQuery {
 }
 
 fn user_type() -> Result<EntityTypeName, DecideError> {
-    EntityTypeName::from_str("User").map_err(|e| DecideError::Request(e.to_string()))
+    EntityTypeName::from_str("User").map_err(DecideError::request)
 }
 
 impl PolicyEngine {
@@ -409,7 +407,7 @@ impl PolicyEngine {
         let entities = all
             .clone()
             .add_entities(extra, Some(&self.schema))
-            .map_err(|e| DecideError::Request(e.to_string()))?
+            .map_err(DecideError::request)?
             .partial();
         Ok((principal, entities))
     }

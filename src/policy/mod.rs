@@ -46,7 +46,7 @@ pub use callable::{HiddenReason, ToolReach};
 pub use decide::{ApprovalSubject, PolicyDecision, ToolCall};
 pub use diagnostic::{Severity, SourceDiagnostic, codes, line_column};
 pub use load::{LoadErrors, PolicyLoadError};
-pub use parts::DecideError;
+pub use parts::{BuildError, DecideError, InvalidEntities};
 pub use reload::{PolicyReloader, PolicyStatus, ReloadFailure, ReloadMetrics, ReloadOutcome};
 pub use watch::{ReloadTriggers, start_reloads};
 

@@ -113,7 +113,7 @@ impl PrincipalBases {
         let built = Arc::new(
             base.clone()
                 .add_entities(extra, Some(schema))
-                .map_err(|e| DecideError::Entities(e.to_string()))?,
+                .map_err(DecideError::entities)?,
         );
         self.cache.insert(
             Key {
@@ -240,7 +240,8 @@ mod tests {
                 panic!("{round}: the principal was redefined")
             };
             assert_eq!(
-                e, "entities must not define the principal `User::\"dave\"`",
+                e.to_string(),
+                "entities must not define the principal `User::\"dave\"`",
                 "{round}"
             );
             assert_eq!(

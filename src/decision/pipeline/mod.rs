@@ -213,7 +213,10 @@ impl ToolCallAuthorizer {
                 policy_version: engine.version().to_owned(),
             }),
             Err(e) => {
-                tracing::error!(error = %e, "cannot compute the tools a principal may call");
+                tracing::error!(
+                    kind = e.kind(),
+                    "cannot compute the tools a principal may call"
+                );
                 Checked::Refused(Envelope::new(
                     ErrorCode::InternalError,
                     "the tools this caller may call could not be computed",

@@ -82,7 +82,9 @@ pub(super) fn evaluation_refused(e: DecideError, from_store: bool, tool: &ToolCo
                 .with("reason", "stored_entities_invalid"),
             )
         }
-        DecideError::Entities(e) => Stop::Executor(ExecutorError::new("entities_json", e)),
+        DecideError::Entities(e) => {
+            Stop::Executor(ExecutorError::new("entities_json", e.to_string()))
+        }
         DecideError::ResourceNotFound(uid) => Stop::Deny(
             Envelope::new(
                 ErrorCode::ResourceNotFound,
@@ -95,8 +97,9 @@ pub(super) fn evaluation_refused(e: DecideError, from_store: bool, tool: &ToolCo
                 .with("reason", e.reason())
                 .with("pointer", e.pointer()),
         ),
-        e @ DecideError::Request(_) => {
-            tracing::error!(error = %e, tool = %tool.name, "cannot build the Cedar request");
+        DecideError::Request(e) => {
+            // The kind only: Cedar's message may quote the call's values.
+            tracing::error!(kind = e.kind(), tool = %tool.name, "cannot build the Cedar request");
             Stop::Deny(Envelope::new(
                 ErrorCode::InternalError,
                 "the call could not be evaluated",
