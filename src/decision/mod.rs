@@ -1,10 +1,14 @@
 //! One decision: the pipeline of DESIGN §2 ([`ToolCallAuthorizer`]), what
-//! it takes and gives ([`AuthorizeInput`], [`AuthorizeOutcome`]), and the
-//! wave schedule of a batch ([`schedule`]).
+//! it takes and gives ([`AuthorizeInput`], [`AuthorizeOutcome`]), the wave
+//! schedule of a batch ([`schedule`]), and the executor's calls around a
+//! decision ([`ExecutorCalls`]: begin and ticket after an allow, a batch,
+//! a result checked).
 //!
-//! `pipeline` does IO through the store and the audit log; `outcome` and
-//! `schedule` are plain data and rules. None of it knows of gRPC or SQL.
+//! `pipeline` and `executor` do IO through the store, the ledger and the
+//! audit log; `outcome` and `schedule` are plain data and rules. None of it
+//! knows of gRPC or SQL.
 
+mod executor;
 mod outcome;
 mod pipeline;
 mod schedule;
@@ -13,6 +17,7 @@ use std::time::Duration;
 
 use crate::decode::Limits;
 
+pub use executor::{DecidedBatch, DecidedCall, ExecutorCall, ExecutorCalls, MAX_BATCH};
 pub use outcome::{AuthorizeInput, AuthorizeOutcome, Decision, Door};
 pub(crate) use pipeline::AuthorizerParts;
 pub use pipeline::{CallableTools, ToolCallAuthorizer};

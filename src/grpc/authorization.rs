@@ -8,22 +8,17 @@ use tonic::{Request, Response, Status};
 use super::{convert, pb};
 use crate::access::TenantScope;
 use crate::decision::{
-    AuthorizeInput, AuthorizeOutcome, Door, ScheduleItem, ToolCallAuthorizer, schedule,
+    AuthorizeInput, AuthorizeOutcome, DecidedBatch, DecidedCall, Door, ExecutorCall, ExecutorCalls,
+    ToolCallAuthorizer,
 };
-use crate::decode;
-use crate::envelope::{Checked, Envelope, ErrorCode, ExecutorError, unknown_tool};
-use crate::ledger::BeginAnswer;
+use crate::envelope::{Checked, Envelope, ErrorCode};
 use crate::ledger::desk::LedgerDesk;
 use crate::tools::ToolContract;
-
-/// Most calls one `BatchAuthorize` may carry (one model turn).
-const MAX_BATCH: usize = 128;
 
 /// The decision API for executors.
 #[derive(Debug, Clone)]
 pub struct AuthorizationApi {
-    authorizer: Arc<ToolCallAuthorizer>,
-    ledger: Arc<LedgerDesk>,
+    calls: ExecutorCalls,
     /// The COAZ-MCP declared mapping every tool publishes (`[authzen]`).
     mcp_mapping: Arc<serde_json::Value>,
 }
@@ -35,42 +30,14 @@ impl AuthorizationApi {
         mcp_mapping: serde_json::Value,
     ) -> Self {
         Self {
-            authorizer,
-            ledger,
+            calls: ExecutorCalls::new(authorizer, ledger),
             mcp_mapping: Arc::new(mcp_mapping),
         }
     }
 
-    /// Decides one call, and begins its execution when asked and allowed.
-    async fn decide(&self, call: Call) -> Result<pb::AuthorizeResponse, Status> {
-        let Call {
-            input,
-            begin_execution,
-            lease_ms,
-        } = call;
-        let outcome = self
-            .authorizer
-            .authorize(&input)
-            .await
-            .map_err(|e| convert::request_status(&e))?;
-        let allowed = outcome.allowed_call(&input.tool);
-        let execution = if begin_execution {
-            self.ledger
-                .begin_allowed(allowed.as_ref(), lease_ms, &input.peer)
-                .await
-        } else {
-            None
-        };
-        let ticket = self.ledger.ticket_for(allowed.as_ref()).await;
-        Ok(response(outcome, execution, ticket))
+    fn authorizer(&self) -> &ToolCallAuthorizer {
+        self.calls.authorizer()
     }
-}
-
-/// One call as the domain takes it, and what to do once it is decided.
-struct Call {
-    input: AuthorizeInput,
-    begin_execution: bool,
-    lease_ms: u32,
 }
 
 /// What one request of the caller (its connection's peer and tenants) asks.
@@ -80,7 +47,7 @@ fn call(
     arrived: Instant,
     peer: &str,
     tenants: &TenantScope,
-) -> Call {
+) -> ExecutorCall {
     let pb::AuthorizeRequest {
         tool,
         arguments,
@@ -114,18 +81,19 @@ fn call(
         door: Door::Executor,
         action: String::new(),
     };
-    Call {
+    ExecutorCall {
         input,
         begin_execution,
         lease_ms,
     }
 }
 
-fn response(
-    o: AuthorizeOutcome,
-    execution: Option<BeginAnswer>,
-    execution_ticket: String,
-) -> pb::AuthorizeResponse {
+fn response(decided: DecidedCall) -> pb::AuthorizeResponse {
+    let DecidedCall {
+        outcome: o,
+        execution,
+        execution_ticket,
+    } = decided;
     let AuthorizeOutcome {
         decision,
         decision_id,
@@ -184,8 +152,12 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
         let peer = super::admitted::peer(&request);
         let tenants = super::admitted::tenants(&request);
         let call = call(request.into_inner(), &metadata, arrived, &peer, &tenants);
-        let answer = self.decide(call).await?;
-        Ok(Response::new(answer))
+        let decided = self
+            .calls
+            .authorize(call)
+            .await
+            .map_err(|e| convert::request_status(&e))?;
+        Ok(Response::new(response(decided)))
     }
 
     async fn batch_authorize(
@@ -197,49 +169,26 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
         let peer = super::admitted::peer(&request);
         let tenants = super::admitted::tenants(&request);
         let pb::BatchAuthorizeRequest { requests } = request.into_inner();
-        if requests.len() > MAX_BATCH {
-            return Err(convert::executor_status(&ExecutorError {
-                field: "requests",
-                description: format!("at most {MAX_BATCH} calls per batch"),
-            }));
-        }
-        let calls: Vec<Call> = requests
+        let calls = requests
             .into_iter()
             .map(|req| call(req, &metadata, arrived, &peer, &tenants))
             .collect();
-        // The whole batch is refused before any call of it is decided (no
-        // approval created, no execution begun) if one would run as a
-        // tenant the caller may not act for or has an executor error.
-        for c in &calls {
-            self.authorizer
-                .precheck(&c.input)
-                .map_err(|e| convert::request_status(&e))?;
-        }
-        let mut responses = Vec::with_capacity(calls.len());
-        for c in calls {
-            responses.push(self.decide(c).await?);
-        }
-        let items: Vec<ScheduleItem> = responses
-            .iter()
-            .map(|r| ScheduleItem {
-                allowed: r.decision() == pb::Decision::Allow,
-                conflict_key: r.conflict_key.clone(),
-                risk: risk_of(r.risk()),
-                parallel: r.parallel,
-            })
-            .collect();
-        let waves = schedule(&items)
-            .into_iter()
-            .map(|w| pb::Wave {
-                call_indexes: w
-                    .into_iter()
-                    .filter_map(|i| u32::try_from(i).ok())
-                    .collect(),
-            })
-            .collect();
+        let DecidedBatch { calls, waves } = self
+            .calls
+            .batch(calls)
+            .await
+            .map_err(|e| convert::request_status(&e))?;
         Ok(Response::new(pb::BatchAuthorizeResponse {
-            responses,
-            waves,
+            responses: calls.into_iter().map(response).collect(),
+            waves: waves
+                .into_iter()
+                .map(|w| pb::Wave {
+                    call_indexes: w
+                        .into_iter()
+                        .filter_map(|i| u32::try_from(i).ok())
+                        .collect(),
+                })
+                .collect(),
         }))
     }
 
@@ -248,37 +197,10 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
         request: Request<pb::ValidateResultRequest>,
     ) -> Result<Response<pb::ValidateResultResponse>, Status> {
         let pb::ValidateResultRequest { tool, result_json } = request.into_inner();
-        let engine = self.authorizer.engine();
-        let Some(contract) = engine.tools().get(&tool) else {
-            return Ok(Response::new(pb::ValidateResultResponse {
-                valid: false,
-                error: Some(convert::envelope(&unknown_tool(&tool))),
-            }));
-        };
-        let value = match decode::parse_strict(result_json.as_bytes(), &decode::Limits::default()) {
-            Ok(v) => v,
-            Err(e) => {
-                let env = Envelope::new(
-                    ErrorCode::OutputInvalid,
-                    format!("the result is not valid JSON: {e}"),
-                )
-                .with("reason", e.reason());
-                return Ok(Response::new(pb::ValidateResultResponse {
-                    valid: false,
-                    error: Some(convert::envelope(&env)),
-                }));
-            }
-        };
-        let violations = contract.validate_output(&value, 20);
-        let Some(env) = crate::envelope::violations(ErrorCode::OutputInvalid, &violations) else {
-            return Ok(Response::new(pb::ValidateResultResponse {
-                valid: true,
-                error: None,
-            }));
-        };
+        let error = self.calls.validate_result(&tool, &result_json).err();
         Ok(Response::new(pb::ValidateResultResponse {
-            valid: false,
-            error: Some(convert::envelope(&env)),
+            valid: error.is_none(),
+            error: error.as_ref().map(convert::envelope),
         }))
     }
 
@@ -289,7 +211,7 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
         let tenants = super::admitted::tenants(&request);
         let pb::ListToolsRequest { auth } = request.into_inner();
         let Some(auth) = auth else {
-            let engine = self.authorizer.engine();
+            let engine = self.authorizer().engine();
             return Ok(Response::new(pb::ListToolsResponse {
                 tools: engine
                     .tools()
@@ -302,7 +224,7 @@ impl pb::authorization_service_server::AuthorizationService for AuthorizationApi
         let identity_token = auth.identity_token.clone();
         let caller = convert::caller(Some(auth));
         let callable = match self
-            .authorizer
+            .authorizer()
             .callable_tools(caller.as_ref(), &identity_token, &tenants)
             .map_err(|e| convert::request_status(&e))?
         {
@@ -341,17 +263,5 @@ fn tool_info(t: &ToolContract, mcp_mapping: &serde_json::Value) -> pb::ToolInfo 
         idempotent: t.idempotent,
         timeout_ms: t.timeout_ms,
         authzen_mapping_json: mcp_mapping.to_string(),
-    }
-}
-
-fn risk_of(r: pb::RiskLevel) -> crate::tools::Risk {
-    use crate::tools::Risk;
-    match r {
-        pb::RiskLevel::Read => Risk::Read,
-        pb::RiskLevel::Write => Risk::Write,
-        pb::RiskLevel::External => Risk::External,
-        pb::RiskLevel::Financial => Risk::Financial,
-        // Unknown risk schedules as the most dangerous: never shares a wave on its key.
-        pb::RiskLevel::Destructive | pb::RiskLevel::Unspecified => Risk::Destructive,
     }
 }

@@ -110,6 +110,30 @@ async fn a_batch_with_one_executor_error_is_refused_with_nothing_decided() {
         .unwrap_err();
     assert_eq!(bad_request_field(&status), "entities_json");
 
+    // A batch past 128 calls (one model turn) is refused whole, its large
+    // refund undecided; 128 is the most.
+    let status = client
+        .batch_authorize(pb::BatchAuthorizeRequest {
+            requests: std::iter::once(big.clone())
+                .chain(std::iter::repeat_n(
+                    request("get_order", r#"{"order_id":"ord_1001"}"#),
+                    128,
+                ))
+                .collect(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert_eq!(bad_request_field(&status), "requests");
+    let most = client
+        .batch_authorize(pb::BatchAuthorizeRequest {
+            requests: vec![request("get_order", r#"{"order_id":"ord_1001"}"#); 128],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(most.responses.len(), 128);
+
     // No approval was created for the large refund.
     let mut approvals = ApprovalServiceClient::new(server.channel().await);
     let listed = approvals

@@ -125,6 +125,11 @@ impl ToolCallAuthorizer {
         self.engine.load_full()
     }
 
+    /// The pipeline's settings.
+    pub(in crate::decision) const fn config(&self) -> &AuthorizerConfig {
+        &self.config
+    }
+
     /// Decides one call.
     ///
     /// # Errors
