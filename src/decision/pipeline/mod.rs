@@ -72,6 +72,13 @@ pub struct ToolCallAuthorizer {
     principals: Principals,
 }
 
+/// A call past the executor's own mistakes ([`ToolCallAuthorizer::admit`]).
+struct Admitted {
+    principal: Checked<Caller>,
+    /// `entities_json` decoded, when the caller gave it.
+    entities: Option<Value>,
+}
+
 /// The tools a principal could be allowed to call, and the policy set that said so.
 #[derive(Debug, Clone)]
 pub struct CallableTools {
@@ -241,15 +248,14 @@ impl ToolCallAuthorizer {
     /// # Errors
     /// The [`RequestError`] naming the first failed check.
     pub fn precheck(&self, input: &AuthorizeInput) -> Result<(), RequestError> {
-        let principal = self.principal(input)?;
-        if input.tool.is_empty() {
-            return Err(ExecutorError::new("tool", "must not be empty").into());
-        }
-        parse_entities(&input.entities_json, &self.config.entity_limits)?;
-        // As in `decide`, only a call with a principal gets this far.
-        if principal.passed().is_none() {
+        // As in `decide`, only a call with a principal gets further.
+        let Admitted {
+            principal: Checked::Passed(_),
+            ..
+        } = self.admit(input)?
+        else {
             return Ok(());
-        }
+        };
         if let Some(tool) = self.engine.load().tools().get(&input.tool)
             && tool.risk != Risk::Read
             && input.request_id.is_empty()
@@ -259,15 +265,30 @@ impl ToolCallAuthorizer {
         Ok(())
     }
 
-    /// The pipeline itself.
-    async fn evaluate(&self, input: &AuthorizeInput) -> Result<AuthorizeOutcome, RequestError> {
-        // The whole decision runs on one policy set, even across a reload.
-        let engine = self.engine.load_full();
+    /// The executor's own mistakes, checked first by [`Self::precheck`] and
+    /// by every decision alike: the auth context and the tenant grant (the
+    /// principal, or the refusal that answers the call), a tool name, and
+    /// `entities_json` decoded.
+    fn admit(&self, input: &AuthorizeInput) -> Result<Admitted, RequestError> {
         let principal = self.principal(input)?;
         if input.tool.is_empty() {
             return Err(ExecutorError::new("tool", "must not be empty").into());
         }
         let entities = parse_entities(&input.entities_json, &self.config.entity_limits)?;
+        Ok(Admitted {
+            principal,
+            entities,
+        })
+    }
+
+    /// The pipeline itself.
+    async fn evaluate(&self, input: &AuthorizeInput) -> Result<AuthorizeOutcome, RequestError> {
+        // The whole decision runs on one policy set, even across a reload.
+        let engine = self.engine.load_full();
+        let Admitted {
+            principal,
+            entities,
+        } = self.admit(input)?;
         let out = AuthorizeOutcome {
             decision: Decision::Deny,
             decision_id: uuid::Uuid::now_v7().to_string(),
