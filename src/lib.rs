@@ -25,6 +25,8 @@
 //! - [`audit`], [`metrics`]: the audit log and Prometheus metrics.
 //! - [`access`]: which transport identity may call which service.
 //! - [`ratelimit`]: token buckets per tenant and per tool.
+//! - [`budgets`]: the budget files of DESIGN §13.1 and their load-time
+//!   rules (not yet charged by the pipeline: issue 30, under way).
 //! - [`server`]: the one wiring: a [`config::Config`] becomes the running
 //!   services and their background jobs.
 //! - [`grpc`]: the gRPC services, wire types ⇄ domain types.
@@ -46,6 +48,7 @@ pub mod access;
 pub mod approvals;
 pub mod audit;
 pub mod authzen;
+pub mod budgets;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -80,7 +80,7 @@ mod contract_error;
 mod decimal;
 pub mod import;
 mod input_type;
-mod pointer;
+pub(crate) mod pointer;
 mod registry;
 mod schema;
 pub(crate) mod source;

@@ -59,6 +59,7 @@ const LAYERS: &[&[&str]] = &[
         "metrics",
         "ratelimit",
         "entities",
+        "budgets",
     ],
     // the pure cores that judge and record
     &["audit", "policy", "ledger"],
