@@ -14,6 +14,15 @@ fn load(name: &str, text: &str) -> Result<Budget, String> {
     parse(&path(name), text, &tools()).map_err(|e| e.message)
 }
 
+/// The example tools `keep` holds, by name.
+fn tools_where(keep: impl Fn(&ToolContract) -> bool) -> Vec<String> {
+    tools()
+        .iter()
+        .filter(|t| keep(t))
+        .map(|t| t.name.clone())
+        .collect()
+}
+
 #[test]
 fn a_daily_refund_budget_per_agent_loads() {
     let budget = load(
@@ -35,13 +44,7 @@ fn a_daily_refund_budget_per_agent_loads() {
             source_path: path("refunds_daily"),
         }
     );
-    let registry = tools();
-    let counted: Vec<&str> = registry
-        .iter()
-        .filter(|t| budget.counts(t))
-        .map(|t| t.name.as_str())
-        .collect();
-    assert_eq!(counted, ["refund_order"]);
+    assert_eq!(tools_where(|t| budget.counts(t)), ["refund_order"]);
 }
 
 #[test]
@@ -53,19 +56,9 @@ fn a_rate_by_risk_counts_every_tool_of_that_risk() {
     )
     .unwrap();
     assert_eq!(budget.measure, Measure::Count);
-    let registry = tools();
-    let counted: Vec<&str> = registry
-        .iter()
-        .filter(|t| budget.counts(t))
-        .map(|t| t.name.as_str())
-        .collect();
-    let external: Vec<&str> = registry
-        .iter()
-        .filter(|t| t.risk == Risk::External)
-        .map(|t| t.name.as_str())
-        .collect();
+    let external = tools_where(|t| t.risk == Risk::External);
     assert!(!external.is_empty());
-    assert_eq!(counted, external);
+    assert_eq!(tools_where(|t| budget.counts(t)), external);
 }
 
 /// Every rule, each with the exact message a team reads.
