@@ -36,6 +36,8 @@ pub enum ErrorCode {
     IdempotencyKeyReused,
     LeaseLost,
     OutputInvalid,
+    BudgetInvalid,
+    StoreUnavailable,
     InternalError,
 }
 
@@ -88,7 +90,7 @@ pub struct CodeInfo {
 
 impl ErrorCode {
     /// Every code, in table order (used by the table test and the docs).
-    pub const ALL: [Self; 25] = [
+    pub const ALL: [Self; 27] = [
         Self::InvalidJson,
         Self::InvalidArguments,
         Self::SchemaViolation,
@@ -113,6 +115,8 @@ impl ErrorCode {
         Self::IdempotencyKeyReused,
         Self::LeaseLost,
         Self::OutputInvalid,
+        Self::BudgetInvalid,
+        Self::StoreUnavailable,
         Self::InternalError,
     ];
 
@@ -294,6 +298,29 @@ impl ErrorCode {
                 "execution",
                 false,
                 R::Inspect,
+                false,
+                false,
+            ),
+            // A budget's charge cannot be computed for these arguments
+            // (`details.budget`, `details.reason`: a negative measure, one
+            // that is not an integer, a sum past a Long; `details.pointer`
+            // for the measure): nothing was charged. The model may see it
+            // and send other arguments.
+            Self::BudgetInvalid => (
+                "budget_invalid",
+                "budget",
+                false,
+                R::RepairArguments,
+                true,
+                true,
+            ),
+            // The store a budgeted decision needs did not answer: nothing
+            // was charged or allowed; the same operation may be retried.
+            Self::StoreUnavailable => (
+                "store_unavailable",
+                "internal",
+                true,
+                R::RetrySameKey,
                 false,
                 false,
             ),
@@ -602,6 +629,8 @@ mod tests {
                 ("idempotency_key_reused", "execution", false, "stop"),
                 ("lease_lost", "execution", false, "stop"),
                 ("output_invalid", "execution", false, "inspect"),
+                ("budget_invalid", "budget", false, "repair_arguments"),
+                ("store_unavailable", "internal", true, "retry_same_key"),
                 ("internal_error", "internal", true, "retry_same_key"),
             ]
         );

@@ -69,6 +69,13 @@ struct LedgerLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    /// A loaded budget's name: bounded by the policy set, never a key.
+    budget: String,
+    event: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LimitLabels {
     limit: &'static str,
 }
@@ -105,6 +112,7 @@ pub struct Metrics {
     overloaded: Family<LimitLabels, Counter>,
     access_denied: Family<ServiceLabels, Counter>,
     store_errors: Counter,
+    budget_events: Family<BudgetLabels, Counter>,
     shutting_down: Gauge,
     approval_watches: Gauge,
     audit_events: Counter,
@@ -190,6 +198,13 @@ impl Default for Metrics {
             "Store operations that failed",
             store_errors.clone(),
         );
+        let budget_events = Family::<BudgetLabels, Counter>::default();
+        registry.register(
+            "budget_events",
+            "Budget charges, releases and decisions not allowed over a budget's limit, \
+             by budget name (never by key) and event (charged, released, over_limit)",
+            budget_events.clone(),
+        );
         let approval_watches = Gauge::default();
         registry.register(
             "approval_watches",
@@ -234,6 +249,7 @@ impl Default for Metrics {
             overloaded,
             access_denied,
             store_errors,
+            budget_events,
             shutting_down,
             approval_watches,
             audit_events,
@@ -316,6 +332,31 @@ impl Metrics {
     /// now on. The first reloader given is the one exported.
     pub fn watch_policies(&self, reloader: Arc<dyn PolicyGauges>) {
         let _ = self.policies.set(reloader);
+    }
+
+    /// Counts one charge made to `budget` (a key of it).
+    pub fn budget_charged(&self, budget: &str) {
+        self.budget_event(budget, "charged");
+    }
+
+    /// Counts one charge of `budget` released (its call did not happen).
+    pub fn budget_released(&self, budget: &str) {
+        self.budget_event(budget, "released");
+    }
+
+    /// Counts a decision not allowed while `budget`'s use with the call
+    /// exceeded its limit.
+    pub fn budget_over_limit(&self, budget: &str) {
+        self.budget_event(budget, "over_limit");
+    }
+
+    fn budget_event(&self, budget: &str, event: &'static str) {
+        self.budget_events
+            .get_or_create(&BudgetLabels {
+                budget: budget.to_owned(),
+                event,
+            })
+            .inc();
     }
 
     /// Counts a call refused by a rate limit of `scope`.

@@ -268,6 +268,8 @@ fn outcome(decision: crate::decision::Decision) -> crate::decision::AuthorizeOut
         tool_version: String::new(),
         policies: Vec::new(),
         principal: None,
+        budgets: Vec::new(),
+        charged: false,
     }
 }
 

@@ -19,14 +19,22 @@
 //! | `measure` | no | absent: each call counts 1; `{"pointer": "/amount_cents"}`: the integer there |
 //! | `limit` | yes | an integer from 0, shown to policies; toolgate never compares |
 
-use std::collections::BTreeSet;
+mod charge;
+
+pub use charge::{
+    BudgetKey, Charge, Meter, MeterRefusal, Seen, Usage, amount, charges, key_text, meters, seen,
+};
+
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::decode::{self, Limits};
+use crate::tools::source::{self, Position};
 use crate::tools::{InputType, Risk, ToolContract, ToolRegistry, pointer};
 
 /// The longest window: a year, leap day included.
@@ -45,8 +53,9 @@ pub struct Budget {
     pub window: Duration,
     pub measure: Measure,
     pub limit: i64,
-    /// The file it was read from.
+    /// The file it was read from, and its text (part of the policy version).
     pub source_path: PathBuf,
+    pub source_text: String,
 }
 
 /// A part of a budget's key (the tenant is always one).
@@ -89,12 +98,51 @@ impl Budget {
     }
 }
 
+/// The budgets of one policy set, and per tool the ones that count it.
+#[derive(Debug, Clone, Default)]
+pub struct Budgets {
+    all: Vec<Arc<Budget>>,
+    by_tool: HashMap<String, Vec<Arc<Budget>>>,
+}
+
+impl Budgets {
+    /// `all` (in name order) indexed by the tools of `tools` each counts.
+    #[must_use]
+    pub fn new(all: Vec<Budget>, tools: &ToolRegistry) -> Self {
+        let all: Vec<Arc<Budget>> = all.into_iter().map(Arc::new).collect();
+        let mut by_tool: HashMap<String, Vec<Arc<Budget>>> = HashMap::new();
+        for tool in tools.iter() {
+            let counting: Vec<Arc<Budget>> =
+                all.iter().filter(|b| b.counts(tool)).cloned().collect();
+            if !counting.is_empty() {
+                by_tool.insert(tool.name.clone(), counting);
+            }
+        }
+        Self { all, by_tool }
+    }
+
+    /// Every budget, in name order.
+    #[must_use]
+    pub fn all(&self) -> &[Arc<Budget>] {
+        &self.all
+    }
+
+    /// The budgets that count calls of `tool`, in name order (none: the
+    /// call is stateless).
+    #[must_use]
+    pub fn of_tool(&self, tool: &str) -> &[Arc<Budget>] {
+        self.by_tool.get(tool).map_or(&[], Vec::as_slice)
+    }
+}
+
 /// Why a budget file cannot be loaded; `path` is the file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}: {message}", path.display())]
 pub struct BudgetError {
     pub path: PathBuf,
     pub message: String,
+    /// The 1-based line and column the problem is at, when known.
+    pub at: Option<(usize, usize)>,
 }
 
 impl BudgetError {
@@ -102,7 +150,14 @@ impl BudgetError {
         Self {
             path: path.to_path_buf(),
             message: message.into(),
+            at: None,
         }
+    }
+
+    /// Located at the member `pointer` names in `text`.
+    fn at_member(mut self, text: &str, pointer: &str) -> Self {
+        self.at = source::locate(text, pointer).map(|p| (p.line, p.column));
+        self
     }
 }
 
@@ -143,61 +198,80 @@ pub fn is_name(name: &str) -> bool {
 /// # Errors
 /// A [`BudgetError`] naming the first broken rule.
 pub fn parse(path: &Path, text: &str, tools: &ToolRegistry) -> Result<Budget, BudgetError> {
-    let value = decode::parse_strict(text.as_bytes(), &Limits::default())
-        .map_err(|e| BudgetError::new(path, format!("not a valid JSON document: {e}")))?;
-    let raw: RawBudget = serde_json::from_value(value)
-        .map_err(|e| BudgetError::new(path, format!("not a budget: {e}")))?;
-    let error = |message: String| BudgetError::new(path, message);
+    decode::parse_strict(text.as_bytes(), &Limits::default()).map_err(|e| {
+        let mut error = BudgetError::new(path, format!("not a valid JSON document: {e}"));
+        error.at = e
+            .position()
+            .map(|offset| Position::at(text, offset))
+            .map(|p| (p.line, p.column));
+        error
+    })?;
+    // The strict parse refused duplicates; serde_json locates the rest.
+    let raw: RawBudget = serde_json::from_str(text).map_err(|e| {
+        let mut error = BudgetError::new(path, format!("not a budget: {e}"));
+        let p = Position::from_line_column(text, e.line(), e.column());
+        error.at = Some((p.line, p.column));
+        error
+    })?;
+    let error =
+        |message: String, member: &str| BudgetError::new(path, message).at_member(text, member);
     if !is_name(&raw.name) {
-        return Err(error(format!(
-            "name `{}` must match ^[a-z][a-z0-9_]{{0,63}}$",
-            raw.name
-        )));
+        return Err(error(
+            format!("name `{}` must match ^[a-z][a-z0-9_]{{0,63}}$", raw.name),
+            "/name",
+        ));
     }
     if path.file_stem().and_then(|s| s.to_str()) != Some(raw.name.as_str()) {
-        return Err(error(format!(
-            "a budget named `{}` belongs in {}.json",
-            raw.name, raw.name
-        )));
+        return Err(error(
+            format!("a budget named `{}` belongs in {}.json", raw.name, raw.name),
+            "/name",
+        ));
     }
     if raw.tools.is_empty() && raw.risks.is_empty() {
         return Err(error(
             "counts nothing: give `tools`, `risks` or both".into(),
+            "",
         ));
     }
     let mut names = BTreeSet::new();
     for tool in raw.tools {
         if tools.get(&tool).is_none() {
-            return Err(error(format!(
-                "`tools` names `{tool}`, which no contract defines"
-            )));
+            return Err(error(
+                format!("`tools` names `{tool}`, which no contract defines"),
+                "/tools",
+            ));
         }
         if !names.insert(tool.clone()) {
-            return Err(error(format!("`tools` names `{tool}` twice")));
+            return Err(error(format!("`tools` names `{tool}` twice"), "/tools"));
         }
     }
     let mut risks = BTreeSet::new();
     for name in raw.risks {
         let risk = Risk::parse(&name).ok_or_else(|| {
-            error(format!(
-                "`risks` names `{name}`: read, write, external, financial or destructive"
-            ))
+            error(
+                format!("`risks` names `{name}`: read, write, external, financial or destructive"),
+                "/risks",
+            )
         })?;
         if !risks.insert(risk) {
-            return Err(error(format!("`risks` names `{name}` twice")));
+            return Err(error(format!("`risks` names `{name}` twice"), "/risks"));
         }
     }
     let mut seen = BTreeSet::new();
     if let Some(again) = raw.per.iter().find(|p| !seen.insert(**p)) {
-        return Err(error(format!("`per` names {} twice", again.as_str())));
+        return Err(error(
+            format!("`per` names {} twice", again.as_str()),
+            "/per",
+        ));
     }
     if !(1..=MAX_WINDOW_SECONDS).contains(&raw.window_seconds) {
-        return Err(error(format!(
-            "`windowSeconds` must be from 1 to {MAX_WINDOW_SECONDS}"
-        )));
+        return Err(error(
+            format!("`windowSeconds` must be from 1 to {MAX_WINDOW_SECONDS}"),
+            "/windowSeconds",
+        ));
     }
     if raw.limit < 0 {
-        return Err(error("`limit` must not be negative".into()));
+        return Err(error("`limit` must not be negative".into(), "/limit"));
     }
     let budget = Budget {
         name: raw.name,
@@ -210,15 +284,19 @@ pub fn parse(path: &Path, text: &str, tools: &ToolRegistry) -> Result<Budget, Bu
             .map_or(Measure::Count, |m| Measure::Pointer(m.pointer)),
         limit: raw.limit,
         source_path: path.to_path_buf(),
+        source_text: text.to_owned(),
     };
     if let Measure::Pointer(pointer) = &budget.measure {
         for tool in tools.iter().filter(|t| budget.counts(t)) {
             if !is_required_long(&tool.input_type, pointer) {
-                return Err(error(format!(
-                    "`measure.pointer` `{pointer}` must name a required integer of every tool \
-                     the budget counts; `{}`'s input schema does not make it one",
-                    tool.name
-                )));
+                return Err(error(
+                    format!(
+                        "`measure.pointer` `{pointer}` must name a required integer of every tool \
+                         the budget counts; `{}`'s input schema does not make it one",
+                        tool.name
+                    ),
+                    "/measure/pointer",
+                ));
             }
         }
     }

@@ -25,12 +25,9 @@ fn tools_where(keep: impl Fn(&ToolContract) -> bool) -> Vec<String> {
 
 #[test]
 fn a_daily_refund_budget_per_agent_loads() {
-    let budget = load(
-        "refunds_daily",
-        r#"{"name": "refunds_daily", "tools": ["refund_order"], "per": ["agent"],
-            "windowSeconds": 86400, "measure": {"pointer": "/amount_cents"}, "limit": 50000}"#,
-    )
-    .unwrap();
+    let text = r#"{"name": "refunds_daily", "tools": ["refund_order"], "per": ["agent"],
+            "windowSeconds": 86400, "measure": {"pointer": "/amount_cents"}, "limit": 50000}"#;
+    let budget = load("refunds_daily", text).unwrap();
     assert_eq!(
         budget,
         Budget {
@@ -42,6 +39,7 @@ fn a_daily_refund_budget_per_agent_loads() {
             measure: Measure::Pointer("/amount_cents".into()),
             limit: 50_000,
             source_path: path("refunds_daily"),
+            source_text: text.to_owned(),
         }
     );
     assert_eq!(tools_where(|t| budget.counts(t)), ["refund_order"]);

@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use crate::access::TenantScope;
+use crate::budgets::Seen;
 use crate::clock::UnixMillis;
 use crate::envelope::Envelope;
 use crate::identity::Caller;
@@ -118,6 +119,12 @@ pub struct AuthorizeOutcome {
     /// The principal the call was decided for (`None` when it could not be
     /// established): what `begin_execution` keys the ledger by.
     pub principal: Option<Caller>,
+    /// What the decision saw of each budget counting the call (DESIGN
+    /// §13.1), in name order: empty for a call no budget counts.
+    pub budgets: Vec<Seen>,
+    /// Whether this decision charged the budgets (an ALLOW whose operation
+    /// held no charge yet).
+    pub charged: bool,
 }
 
 impl AuthorizeOutcome {

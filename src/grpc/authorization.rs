@@ -112,6 +112,8 @@ fn response(decided: DecidedCall) -> pb::AuthorizeResponse {
         tool_version,
         policies: _,
         principal: _,
+        budgets: _,
+        charged: _,
     } = o;
     pb::AuthorizeResponse {
         decision: convert::decision(decision).into(),

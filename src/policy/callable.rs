@@ -45,6 +45,7 @@ use super::PolicyEngine;
 use super::parts::{DecideError, principal_entities, uid};
 use super::reach::RequestBases;
 use super::slice::{PartialEvaluation, PolicySlices, evaluate_partial};
+use crate::budgets::Budgets;
 use crate::identity::Caller;
 use crate::tools::{ToolContract, ToolRegistry};
 
@@ -102,6 +103,9 @@ pub(super) struct ToolQuery {
     pub(super) tool: Arc<ToolContract>,
     action: EntityUid,
     resource: Resource,
+    /// Whether a budget counts the tool: its context then has `budgets`,
+    /// unknown here (a call over a budget may still be approved).
+    budgeted: bool,
     /// `Some(shown)` when the policies settle it whoever asks.
     pub(super) settled: Option<bool>,
     /// Its class: tools of one class get the same answer for every caller.
@@ -120,6 +124,8 @@ struct ClassKey {
     policies: Vec<String>,
     resource_type: String,
     risk: &'static str,
+    /// The budgets that count the tool (its context's `budgets`).
+    budgets: Vec<String>,
 }
 
 /// Whether a policy's conditions read the `action` variable (its scope was
@@ -158,6 +164,7 @@ impl CallableIndex {
     /// names come from a loaded schema).
     pub(super) fn build(
         tools: &ToolRegistry,
+        budgets: &Budgets,
         policies: &PolicySlices,
         entities: &RequestBases,
     ) -> Result<Self, DecideError> {
@@ -176,6 +183,7 @@ impl CallableIndex {
         for tool in tools.iter().filter_map(|t| tools.get(&t.name)) {
             let action = uid("Action", &tool.name)?;
             let slice = policies.for_action(&action);
+            let counting = budgets.of_tool(&tool.name);
             let key = match &tool.resource {
                 Some(r) if !slice.policies().any(|p| reading.contains(p.id())) => {
                     let mut ids: Vec<String> =
@@ -185,6 +193,7 @@ impl CallableIndex {
                         policies: ids,
                         resource_type: r.entity_type.clone(),
                         risk: tool.risk.as_str(),
+                        budgets: counting.iter().map(|b| b.name.clone()).collect(),
                     })
                 }
                 _ => None,
@@ -199,6 +208,7 @@ impl CallableIndex {
                 tool: Arc::clone(tool),
                 action,
                 resource,
+                budgeted: !counting.is_empty(),
                 settled: None,
                 class: count,
             };
@@ -298,7 +308,7 @@ impl ToolQuery {
                 RestrictedExpression::new_string(caller.session_id.clone()),
             ),
         };
-        let context = Context::from_pairs([
+        let pairs = [
             ("scopes".to_owned(), scopes),
             (
                 "risk".to_owned(),
@@ -314,8 +324,15 @@ impl ToolQuery {
                 "input".to_owned(),
                 RestrictedExpression::new_unknown("input"),
             ),
-        ])
-        .map_err(DecideError::request)?;
+        ];
+        let budgets = self.budgeted.then(|| {
+            (
+                "budgets".to_owned(),
+                RestrictedExpression::new_unknown("budgets"),
+            )
+        });
+        let context =
+            Context::from_pairs(pairs.into_iter().chain(budgets)).map_err(DecideError::request)?;
         let builder = Request::builder().action(self.action.clone());
         let builder = match principal {
             Some(p) => builder.principal(p.clone()),

@@ -81,6 +81,7 @@ fn decide(
             arguments,
             entities: Some(entities),
             approved: false,
+            budgets: &[],
         })
         .unwrap()
 }

@@ -11,6 +11,7 @@ use super::PolicyEngine;
 use super::parts::{DecideError, InvalidEntities, uid};
 use super::slice::{Evaluation, evaluate};
 use super::values;
+use crate::budgets::Seen;
 use crate::identity::Caller;
 use crate::tools::ToolContract;
 
@@ -25,6 +26,10 @@ pub struct ToolCall<'a> {
     pub entities: Option<&'a Value>,
     /// Whether a valid approval bound to this exact call was presented.
     pub approved: bool,
+    /// `context.budgets`: what each budget counting the tool has used, this
+    /// call's charge and the limit (DESIGN §13.1); empty for a tool no
+    /// budget counts.
+    pub budgets: &'a [Seen],
 }
 
 /// The policy answer for one call.
@@ -239,6 +244,18 @@ fn context_json(call: &ToolCall<'_>, input: &Value, approved: bool) -> Value {
     c.insert("approved".into(), approved.into());
     c.insert("agent".into(), call.caller.agent_id.clone().into());
     c.insert("session".into(), call.caller.session_id.clone().into());
+    if !call.budgets.is_empty() {
+        let budgets: Map<String, Value> = call
+            .budgets
+            .iter()
+            .map(|b| {
+                let seen =
+                    serde_json::json!({"used": b.used, "this_call": b.this_call, "limit": b.limit});
+                (b.name.clone(), seen)
+            })
+            .collect();
+        c.insert("budgets".into(), Value::Object(budgets));
+    }
     c.insert("input".into(), input.clone());
     Value::Object(c)
 }
@@ -267,7 +284,7 @@ impl PolicyEngine {
             .scopes
             .iter()
             .map(|s| RestrictedExpression::new_string(s.clone()));
-        Context::from_pairs([
+        let pairs = [
             ("scopes".to_owned(), RestrictedExpression::new_set(scopes)),
             (
                 "risk".to_owned(),
@@ -286,8 +303,24 @@ impl PolicyEngine {
                 RestrictedExpression::new_string(call.caller.session_id.clone()),
             ),
             ("input".to_owned(), input),
-        ])
-        .map_err(DecideError::request)
+        ];
+        let mut budgets = None;
+        if !call.budgets.is_empty() {
+            let long = RestrictedExpression::new_long;
+            let mut records = Vec::with_capacity(call.budgets.len());
+            for b in call.budgets {
+                let record = RestrictedExpression::new_record([
+                    ("used".to_owned(), long(b.used)),
+                    ("this_call".to_owned(), long(b.this_call)),
+                    ("limit".to_owned(), long(b.limit)),
+                ])
+                .map_err(DecideError::request)?;
+                records.push((b.name.clone(), record));
+            }
+            let all = RestrictedExpression::new_record(records).map_err(DecideError::request)?;
+            budgets = Some(("budgets".to_owned(), all));
+        }
+        Context::from_pairs(pairs.into_iter().chain(budgets)).map_err(DecideError::request)
     }
 }
 
@@ -465,6 +498,7 @@ when { Action::"delete_account" in Action::"risk:destructive" && Tool::"search_d
                 arguments: &args,
                 entities: Some(&entities),
                 approved: false,
+                budgets: &[],
             })
             .unwrap();
         assert_eq!(
@@ -493,6 +527,7 @@ when { Action::"delete_account" in Action::"risk:destructive" && Tool::"search_d
                 arguments: &args,
                 entities: Some(&entities),
                 approved: false,
+                budgets: &[],
             })
         };
         let regrouped = decide(json!({"uid": {"type": "Action", "id": "refund_order"},

@@ -146,6 +146,7 @@ pub mod codes {
     pub const UNKNOWN_RESOURCE_TYPE: &str = "toolgate::policy::unknown_resource_type";
     pub const DUPLICATE_ID: &str = "toolgate::policy::duplicate_id";
     pub const TEMPLATE: &str = "toolgate::policy::template";
+    pub const BUDGET: &str = "toolgate::policy::budget";
 }
 
 impl fmt::Display for SourceDiagnostic {

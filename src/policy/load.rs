@@ -19,6 +19,7 @@ use super::reach::RequestBases;
 use super::schema::{GENERATED_ENTITY_TYPES, core_fragment, tool_actions_fragment};
 use super::slice::PolicySlices;
 use super::{PolicyEngine, SourceDiagnostic};
+use crate::budgets::{self, BudgetError, Budgets};
 use crate::tools::{ToolContractError, ToolRegistry};
 
 /// One reason a policy folder could not be loaded.
@@ -152,7 +153,16 @@ impl PolicyEngine {
     pub fn load(dir: &Path) -> Result<Self, LoadErrors> {
         let tools =
             ToolRegistry::load_dir(&dir.join("tools")).map_err(|e| LoadErrors::one(dir, e))?;
-        let mut hashed: Vec<SourceFile> = Vec::new();
+        let budgets = budgets::load_dir(&dir.join("budgets"), &tools)
+            .map_err(|e| LoadErrors::one(dir, budget_diagnostic(&e)))?;
+        let mut hashed: Vec<SourceFile> = budgets
+            .iter()
+            .map(|b| SourceFile {
+                path: b.source_path.clone(),
+                text: b.source_text.clone(),
+            })
+            .collect();
+        let budgets = Budgets::new(budgets, &tools);
         let fragments = Fragments::read(dir)?;
         let mut warnings = fragments.warnings.clone();
         let errors = unknown_resource_types(&tools, &fragments);
@@ -162,7 +172,7 @@ impl PolicyEngine {
         }));
         stop_on(dir, errors, &mut warnings)?;
 
-        let (schema, schema_text) = fragments.combined(dir, &tools)?;
+        let (schema, schema_text) = fragments.combined(dir, &tools, &budgets)?;
         hashed.push(SourceFile {
             path: fragments.team_path.clone(),
             text: fragments.team_text,
@@ -186,13 +196,14 @@ impl PolicyEngine {
         let static_entities = RequestBases::build(static_entities, &action_entities, &policies)
             .map_err(|e| LoadErrors::one(dir, SourceDiagnostic::whole_file(dir, e.to_string())))?;
 
-        let callable = CallableIndex::build(&tools, &policies, &static_entities)
+        let callable = CallableIndex::build(&tools, &budgets, &policies, &static_entities)
             .map_err(|e| LoadErrors::one(dir, SourceDiagnostic::whole_file(dir, e.to_string())))?;
 
         hashed.extend(sources);
         let version = version_of(dir, &hashed);
         Ok(Self {
             tools,
+            budgets,
             schema,
             policies,
             static_entities,
@@ -203,6 +214,18 @@ impl PolicyEngine {
             warnings,
         })
     }
+}
+
+/// A budget file's problem as `check` shows it: at its line and column
+/// when known.
+fn budget_diagnostic(e: &BudgetError) -> SourceDiagnostic {
+    match e.at {
+        Some((line, column)) => {
+            SourceDiagnostic::at_line_column(&e.path, line, column, e.message.clone())
+        }
+        None => SourceDiagnostic::whole_file(&e.path, e.message.clone()),
+    }
+    .with_code(codes::BUDGET)
 }
 
 /// Ends the load when a step found errors, with the warnings found so far.
@@ -270,10 +293,15 @@ impl Fragments {
     /// The schema policies are validated against: the core, the team's
     /// and the generated tool actions; and its text as `toolgate schema`
     /// shows it.
-    fn combined(&self, dir: &Path, tools: &ToolRegistry) -> Result<(Schema, String), LoadErrors> {
+    fn combined(
+        &self,
+        dir: &Path,
+        tools: &ToolRegistry,
+        budgets: &Budgets,
+    ) -> Result<(Schema, String), LoadErrors> {
         let (core_text, team_path, team_text) = (&self.core_text, &self.team_path, &self.team_text);
         let (core, team) = (self.core.clone(), self.team.clone());
-        let actions_text = tool_actions_fragment(tools.iter());
+        let actions_text = tool_actions_fragment(tools.iter(), budgets);
         let actions = parse_fragment(
             Path::new("<generated actions>"),
             &actions_text,

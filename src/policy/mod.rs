@@ -57,11 +57,14 @@ use self::principals::PrincipalBases;
 use self::reach::RequestBases;
 use self::slice::PolicySlices;
 
+use crate::budgets::Budgets;
 use crate::tools::ToolRegistry;
 
 /// A loaded, validated policy deployment. Immutable: a reload builds a new one.
 pub struct PolicyEngine {
     tools: ToolRegistry,
+    /// The budgets of DESIGN §13.1, and per tool the ones that count it.
+    budgets: Budgets,
     schema: Schema,
     /// Every policy, and per action the slice a decision evaluates.
     policies: PolicySlices,
@@ -90,6 +93,12 @@ impl PolicyEngine {
     #[must_use]
     pub fn tools(&self) -> &ToolRegistry {
         &self.tools
+    }
+
+    /// The budgets of this deployment.
+    #[must_use]
+    pub fn budgets(&self) -> &Budgets {
+        &self.budgets
     }
 
     /// A hash of every loaded file: changes exactly when their content does.

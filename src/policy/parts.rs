@@ -99,6 +99,8 @@ pub enum BuildError {
     ContextJson(#[from] ContextJsonError),
     #[error(transparent)]
     Context(#[from] ContextCreationError),
+    #[error(transparent)]
+    Record(#[from] cedar_policy::ExpressionConstructionError),
     #[error("no type `{0}` among the generated ones")]
     NoGeneratedType(String),
 }
@@ -112,7 +114,7 @@ impl BuildError {
             Self::Entity(_) => "entity",
             Self::TypeName(_) => "type_name",
             Self::Request(_) => "request",
-            Self::ContextJson(_) | Self::Context(_) => "context",
+            Self::ContextJson(_) | Self::Context(_) | Self::Record(_) => "context",
             Self::NoGeneratedType(_) => "no_generated_type",
         }
     }

@@ -173,6 +173,7 @@ mod tests {
             arguments: &arguments,
             entities: Some(entities),
             approved: false,
+            budgets: &[],
         })
     }
 

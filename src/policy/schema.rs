@@ -8,6 +8,7 @@
 
 use std::fmt::Write as _;
 
+use crate::budgets::Budgets;
 use crate::tools::{InputType, Risk, ToolContract};
 
 /// Entity and action names the generated fragment owns; a team schema that
@@ -41,11 +42,28 @@ pub fn core_fragment() -> String {
     s
 }
 
-/// One action per tool, each a member of its risk group.
+/// One action per tool, each a member of its risk group. A tool some budget counts also gets `context.budgets`, one record per
+/// counting budget (DESIGN §13.1).
 #[must_use]
-pub fn tool_actions_fragment<'a>(tools: impl Iterator<Item = &'a ToolContract>) -> String {
+pub fn tool_actions_fragment<'a>(
+    tools: impl Iterator<Item = &'a ToolContract>,
+    budgets: &Budgets,
+) -> String {
     let mut s = String::new();
     for tool in tools {
+        let mut counted = String::new();
+        let of_tool = budgets.of_tool(&tool.name);
+        if !of_tool.is_empty() {
+            counted.push_str("    budgets: {\n");
+            for budget in of_tool {
+                let _ = writeln!(
+                    counted,
+                    "      {}: {{ used: Long, this_call: Long, limit: Long }},",
+                    quote(&budget.name)
+                );
+            }
+            counted.push_str("    },\n");
+        }
         let resource = tool
             .resource
             .as_ref()
@@ -54,7 +72,7 @@ pub fn tool_actions_fragment<'a>(tools: impl Iterator<Item = &'a ToolContract>) 
         render_type(&mut input, &tool.input_type, 2);
         let _ = write!(
             s,
-            "action {name} in [Action::{group}] appliesTo {{\n  principal: [User],\n  resource: [{resource}],\n  context: {{\n    scopes: Set<String>,\n    risk: String,\n    approved: Bool,\n    agent: String,\n    session: String,\n    input: {input}\n  }}\n}};\n",
+            "action {name} in [Action::{group}] appliesTo {{\n  principal: [User],\n  resource: [{resource}],\n  context: {{\n    scopes: Set<String>,\n    risk: String,\n    approved: Bool,\n    agent: String,\n    session: String,\n{counted}    input: {input}\n  }}\n}};\n",
             name = quote(&tool.name),
             group = quote(&risk_group(tool.risk)),
         );

@@ -18,6 +18,8 @@ pub mod scratch;
 mod sqlite;
 
 #[cfg(test)]
+mod budget_suite;
+#[cfg(test)]
 mod entity_suite;
 #[cfg(test)]
 mod gateway_suite;
@@ -38,6 +40,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::approvals::{ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval};
+use crate::budgets::{BudgetKey, Charge, Usage};
 use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{
@@ -389,6 +392,54 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// [`StoreError`] when the database fails.
     async fn collect_executions(&self, collect: Collect) -> Result<usize, StoreError>;
+
+    // ---- Budgets (DESIGN §13.1): charges per key in a sliding window.
+
+    /// Each of `keys` as it stands at `now`: the sum of the live charges in
+    /// its window (the operation `idempotency_key`'s own left out), its
+    /// version, and whether that operation holds a live charge on it. One
+    /// consistent read per key.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn budget_usage(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+        keys: &[BudgetKey],
+        now: UnixMillis,
+    ) -> Result<Vec<Usage>, StoreError>;
+
+    /// Makes every one of `charges` for the operation `idempotency_key`, in
+    /// one transaction, only if each key's version is still the one its
+    /// decision read ([`Charge::seen_version`]): each key's version moves,
+    /// and the operation's charge on it is written (a released one
+    /// charged again). `Ok(false)`, nothing written, when a key moved:
+    /// the decision must be taken again on the new usage.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is then written.
+    async fn charge_budgets(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+        charges: &[Charge],
+        now: UnixMillis,
+    ) -> Result<bool, StoreError>;
+
+    /// Releases the operation's live charges (its call will not happen):
+    /// the names of the budgets released, one per charge. A ledger record
+    /// that becomes FAILED_FINAL releases its operation's charges in the
+    /// same transaction.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is then written.
+    async fn release_charges(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+        now: UnixMillis,
+    ) -> Result<Vec<String>, StoreError>;
 
     /// Whether the database answers now (a trivial query, bounded like
     /// every call): what health reports.

@@ -58,6 +58,10 @@ macro_rules! store_suite {
             entities_of_one_tenant_are_invisible_to_another,
             the_ancestor_walk_is_transitive_and_bounded,
             concurrent_upserts_leave_one_whole_entity,
+            budget_charges_slide_out_of_their_window_and_count_once,
+            a_budget_sum_past_the_ceiling_is_an_overflow,
+            a_call_that_failed_for_good_frees_its_charges,
+            concurrent_charges_never_sum_above_what_each_decision_saw,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {
@@ -73,6 +77,11 @@ macro_rules! store_suite {
 }
 pub(crate) use store_suite;
 
+pub use super::budget_suite::{
+    a_budget_sum_past_the_ceiling_is_an_overflow, a_call_that_failed_for_good_frees_its_charges,
+    budget_charges_slide_out_of_their_window_and_count_once,
+    concurrent_charges_never_sum_above_what_each_decision_saw,
+};
 pub use super::entity_suite::{
     concurrent_upserts_leave_one_whole_entity, entities_are_replaced_read_and_deleted_by_uid,
     entities_of_one_tenant_are_invisible_to_another, the_ancestor_walk_is_transitive_and_bounded,

@@ -14,17 +14,20 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use serde_json::Value;
 
+mod budget;
 mod call;
 mod refusal;
 mod verdict;
 
-use refusal::{Stop, evaluation_refused};
+use budget::Budgeted;
+use refusal::Stop;
 use verdict::Judged;
 
 use crate::access::TenantScope;
 use crate::approvals::machine::{self, Refusal};
 use crate::approvals::{self, ApprovalEventKind, ApprovalEvents, ApprovalRecord, NewApproval};
 use crate::audit::{Audit, AuditEvent, DecisionAudit};
+use crate::budgets::Meter;
 use crate::clock::{Clock, UnixMillis};
 use crate::decision::AuthorizerConfig;
 use crate::decision::outcome::{AuthorizeInput, AuthorizeOutcome, Decision, Door};
@@ -307,6 +310,8 @@ impl ToolCallAuthorizer {
             tool_version: String::new(),
             policies: Vec::new(),
             principal: None,
+            budgets: Vec::new(),
+            charged: false,
         };
         let caller = match principal {
             Checked::Passed(c) => c,
@@ -348,7 +353,7 @@ impl ToolCallAuthorizer {
         out: &mut AuthorizeOutcome,
     ) -> Result<Judged<'e>, Stop> {
         let hashed = self.the_call(input, engine, caller, out)?;
-        let from_store = entities.is_none();
+        let meters = Self::meters(engine, &hashed, caller)?;
         let entities = self
             .entities_of(hashed.tool, &hashed.args, caller, entities)
             .await?;
@@ -360,16 +365,24 @@ impl ToolCallAuthorizer {
             arguments: &hashed.args,
             entities: entities.as_ref(),
             approved: approval.is_some(),
+            budgets: &[],
         };
-        let decision = engine
-            .decide_tool_call(&call)
-            .map_err(|e| evaluation_refused(e, from_store, hashed.tool))?;
+        let Budgeted {
+            decision,
+            seen,
+            charged,
+        } = self
+            .decide_budgeted(engine, call, &meters, &hashed, now)
+            .await?;
+        out.budgets = seen;
+        out.charged = charged;
         Ok(Judged {
             hashed,
             entities,
             approval,
             decision,
             now,
+            meters,
         })
     }
 
@@ -532,17 +545,21 @@ impl ToolCallAuthorizer {
         &self,
         mut out: AuthorizeOutcome,
         engine: &PolicyEngine,
-        call: &ToolCall<'_>,
+        call: ToolCall<'_>,
         new: NewApproval,
-        idempotency_key: &str,
+        (hashed, meters): (&Hashed<'_>, &[Meter]),
         now: UnixMillis,
     ) -> AuthorizeOutcome {
+        let idempotency_key = hashed.key.as_str();
         // The policies that allow the call once approved, as for an
         // executor presenting its approval; decided before anything is
-        // consumed (the same policy set said so a moment ago).
+        // consumed (the same policy set said so a moment ago, on the same
+        // budgets).
+        let seen = out.budgets.clone();
         let approved = ToolCall {
             approved: true,
-            ..*call
+            budgets: &seen,
+            ..call
         };
         let allowed_by = match engine.decide_tool_call(&approved) {
             Ok(PolicyDecision::Allow { policies }) => policies,
@@ -569,9 +586,42 @@ impl ToolCallAuthorizer {
             } => {
                 self.events
                     .publish(ApprovalEventKind::Consumed, &record, Some(idempotency_key));
+                out.approval = Some((record.approval_id, record.expires_at));
+                // The approved call is charged when allowed, on the
+                // budgets as they stand now.
+                let allowed_by = if meters.is_empty() {
+                    allowed_by
+                } else {
+                    let approved = ToolCall {
+                        budgets: &[],
+                        ..approved
+                    };
+                    match self
+                        .decide_budgeted(engine, approved, meters, hashed, now)
+                        .await
+                    {
+                        Ok(Budgeted {
+                            decision: PolicyDecision::Allow { policies },
+                            seen,
+                            charged,
+                        }) => {
+                            out.budgets = seen;
+                            out.charged = charged;
+                            policies
+                        }
+                        Ok(Budgeted { decision, seen, .. }) => {
+                            out.budgets = seen;
+                            return out.deny(refusal::not_allowed_once_approved(decision));
+                        }
+                        Err(Stop::Deny(envelope)) => return out.deny(envelope),
+                        Err(Stop::Executor(e)) => {
+                            return out
+                                .deny(Envelope::new(ErrorCode::InternalError, e.to_string()));
+                        }
+                    }
+                };
                 out.policies = allowed_by;
                 out.decision = Decision::Allow;
-                out.approval = Some((record.approval_id, record.expires_at));
                 out
             }
             // This key already used it: at a gateway an approval allows

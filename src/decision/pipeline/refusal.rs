@@ -2,8 +2,9 @@
 //! the stages give: each envelope built in one place, its code, message
 //! and details as the wire has always carried them.
 
+use crate::budgets::MeterRefusal;
 use crate::envelope::{Envelope, ErrorCode, ExecutorError, echo};
-use crate::policy::DecideError;
+use crate::policy::{DecideError, PolicyDecision};
 use crate::tools::ToolContract;
 
 /// Why a stage ended the decision: a deny with its envelope, or the
@@ -105,5 +106,40 @@ pub(super) fn evaluation_refused(e: DecideError, from_store: bool, tool: &ToolCo
                 "the call could not be evaluated",
             ))
         }
+    }
+}
+
+/// A budget's charge the arguments cannot give (DESIGN §13.1).
+pub(super) fn budget_invalid(refusal: &MeterRefusal) -> Envelope {
+    let message = match refusal {
+        MeterRefusal::Negative { .. } => "the call's measure for a budget is negative",
+        MeterRefusal::NotAnInteger { .. } => "the call's measure for a budget is not an integer",
+        MeterRefusal::Overflow { .. } => "a budget's total would not fit a 64-bit integer",
+    };
+    let envelope = Envelope::new(ErrorCode::BudgetInvalid, message)
+        .with("budget", refusal.budget().to_owned())
+        .with("reason", refusal.reason());
+    match refusal.pointer() {
+        Some(pointer) => envelope.with("pointer", pointer.to_owned()),
+        None => envelope,
+    }
+}
+
+/// The store a budgeted decision needs did not answer: nothing was charged.
+pub(super) fn store_unavailable() -> Envelope {
+    Envelope::new(
+        ErrorCode::StoreUnavailable,
+        "the budgets of this call could not be read or charged; nothing was allowed, retry with the same key",
+    )
+}
+
+/// A gateway call whose approval was consumed but that the budgets as they
+/// stand now no longer allow (DESIGN §13.1: the approved call is charged
+/// when allowed): denied as its decision says.
+pub(super) fn not_allowed_once_approved(decision: PolicyDecision) -> Envelope {
+    match decision {
+        PolicyDecision::Deny { reason, .. } => forbidden(reason),
+        PolicyDecision::ApprovalRequired { .. } => forbidden(None),
+        PolicyDecision::Errored { .. } | PolicyDecision::Allow { .. } => policy_errored(),
     }
 }

@@ -7,6 +7,7 @@ use serde_json::Value;
 use super::refusal::{forbidden, policy_errored};
 use super::{Hashed, ToolCallAuthorizer, approval_envelope, used_at_gateway};
 use crate::approvals::{ApprovalEventKind, ApprovalRecord};
+use crate::budgets::Meter;
 use crate::clock::UnixMillis;
 use crate::decision::outcome::{AuthorizeInput, AuthorizeOutcome, Decision, Door};
 use crate::envelope::{Envelope, ErrorCode};
@@ -21,6 +22,8 @@ pub(super) struct Judged<'e> {
     pub(super) approval: Option<ApprovalRecord>,
     pub(super) decision: PolicyDecision,
     pub(super) now: UnixMillis,
+    /// The budgets counting the call (none: stateless).
+    pub(super) meters: Vec<Meter>,
 }
 
 impl ToolCallAuthorizer {
@@ -38,6 +41,7 @@ impl ToolCallAuthorizer {
             approval,
             decision,
             now,
+            meters,
         } = judged;
         let tool = hashed.tool;
         match decision {
@@ -46,6 +50,10 @@ impl ToolCallAuthorizer {
                 if let Some(record) = approval
                     && let Err(refused) = self.consume(input, &record, &hashed.key, now).await
                 {
+                    if out.charged {
+                        self.uncharge(caller, &hashed.key, now).await;
+                        out.charged = false;
+                    }
                     return out.deny(refused);
                 }
                 out.decision = Decision::Allow;
@@ -61,9 +69,10 @@ impl ToolCallAuthorizer {
                         arguments: &hashed.args,
                         entities: entities.as_ref(),
                         approved: false,
+                        budgets: &[],
                     };
                     return self
-                        .gateway_approval(out, engine, &call, new, &hashed.key, now)
+                        .gateway_approval(out, engine, call, new, (&hashed, &meters), now)
                         .await;
                 }
                 match self.store.pending_approval_for_call(new, now).await {

@@ -83,6 +83,8 @@ CREATE TABLE ledger_ticket_keys (
 );
 DROP SEQUENCE ledger_fencing;
 "#,
+    // Budget keys and their charges (DESIGN §13.1).
+    super::budgets::MIGRATION,
 ];
 
 /// Entities and the parent edges the ancestor walk follows; a parent edge

@@ -62,10 +62,12 @@ use super::{
 use crate::approvals::{
     ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval, PendingScope,
 };
+use crate::budgets::{BudgetKey, Charge, Usage};
 use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled, TicketKey};
 
+mod budgets;
 mod entities;
 mod gateway;
 mod migrations;
@@ -616,6 +618,51 @@ impl Store for PostgresStore {
         .await
     }
 
+    async fn budget_usage(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+        keys: &[BudgetKey],
+        now: UnixMillis,
+    ) -> Result<Vec<Usage>, StoreError> {
+        self.run(|client| async move {
+            budgets::usage(&client, tenant_id, idempotency_key, keys, now).await
+        })
+        .await
+    }
+
+    async fn charge_budgets(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+        charges: &[Charge],
+        now: UnixMillis,
+    ) -> Result<bool, StoreError> {
+        self.run(|client| budgets::charge(client, tenant_id, idempotency_key, charges, now))
+            .await
+    }
+
+    async fn release_charges(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+        now: UnixMillis,
+    ) -> Result<Vec<String>, StoreError> {
+        self.run(|client| async move {
+            let stmt = client.prepare_cached(budgets::RELEASE).await?;
+            let rows = client
+                .query(&stmt, &[&tenant_id, &idempotency_key, &now])
+                .await?;
+            let mut names = rows
+                .iter()
+                .map(|r| r.try_get::<_, String>(0))
+                .collect::<Result<Vec<_>, _>>()?;
+            names.sort();
+            Ok(names)
+        })
+        .await
+    }
+
     async fn begin_execution(&self, step: ledger::Begin) -> Result<BeginAnswer, StoreError> {
         self.run(|client| transition(client, &step)).await
     }
@@ -659,6 +706,11 @@ impl Store for PostgresStore {
             let stmt = client.prepare_cached(&COLLECT_EXECUTIONS).await?;
             let n = client
                 .execute(&stmt, &[&collect.updated_at_or_before, &limit])
+                .await?;
+            // Charges whose window ended as long ago count for nothing.
+            let charges = client.prepare_cached(budgets::COLLECT).await?;
+            client
+                .execute(&charges, &[&collect.updated_at_or_before, &limit])
                 .await?;
             Ok(usize::try_from(n).unwrap_or(usize::MAX))
         })

@@ -40,6 +40,24 @@ use super::apply_transition;
 use crate::ledger::Transition;
 use crate::store::StoreError;
 
+/// A write the one writer runs inside its batch: a ledger transition, or
+/// a budget charge ([`super::ChargeStep`]).
+pub(super) trait Step: Send + 'static {
+    /// What the caller is told.
+    type Answer: Send + 'static;
+
+    /// Runs inside the batch's transaction (under the step's savepoint).
+    fn run(&self, tx: &Connection) -> Result<Self::Answer, StoreError>;
+}
+
+impl<T: Transition> Step for T {
+    type Answer = T::Answer;
+
+    fn run(&self, tx: &Connection) -> Result<T::Answer, StoreError> {
+        apply_transition(tx, self)
+    }
+}
+
 /// The most transitions one commit carries: bounds the latency a
 /// transition queued behind a long batch can see.
 pub(super) const MAX_BATCH: usize = 64;
@@ -58,17 +76,17 @@ trait Queued: Send {
     fn refuse(self: Box<Self>, error: StoreError);
 }
 
-struct Job<T: Transition> {
+struct Job<T: Step> {
     step: T,
     answer: Option<Result<T::Answer, StoreError>>,
     reply: oneshot::Sender<Result<T::Answer, StoreError>>,
 }
 
-impl<T: Transition> Queued for Job<T> {
+impl<T: Step> Queued for Job<T> {
     fn apply(&mut self, tx: &mut rusqlite::Transaction<'_>) {
         let answer = tx.savepoint().map_err(StoreError::from).and_then(|sp| {
             // Dropped without a commit on an error: rolled back to here.
-            let answer = apply_transition(&sp, &self.step)?;
+            let answer = self.step.run(&sp)?;
             sp.commit()?;
             Ok(answer)
         });
@@ -160,7 +178,7 @@ impl Queue {
 
 /// Runs `step` in the next batch on `conn` and returns its answer once the
 /// batch has committed.
-pub(super) async fn run<T: Transition>(
+pub(super) async fn run<T: Step>(
     conn: &Arc<Mutex<Connection>>,
     queue: &Arc<Queue>,
     step: T,

@@ -22,11 +22,13 @@ use super::{
     StoreError,
 };
 use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval, machine};
+use crate::budgets::{BudgetKey, Charge, Usage};
 use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled, TicketKey};
 
 mod approvals;
+mod budgets;
 mod executions;
 mod gateway;
 mod group;
@@ -89,8 +91,75 @@ impl SqliteStore {
     }
 }
 
+/// A charge, run by the one writer (see [`budgets::charge`]).
+struct ChargeStep {
+    tenant_id: String,
+    idempotency_key: String,
+    charges: Vec<Charge>,
+    now: UnixMillis,
+}
+
+impl group::Step for ChargeStep {
+    type Answer = bool;
+
+    fn run(&self, tx: &Connection) -> Result<bool, StoreError> {
+        budgets::charge(
+            tx,
+            &self.tenant_id,
+            &self.idempotency_key,
+            &self.charges,
+            self.now,
+        )
+    }
+}
+
 #[async_trait]
 impl Store for SqliteStore {
+    async fn budget_usage(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+        keys: &[BudgetKey],
+        now: UnixMillis,
+    ) -> Result<Vec<Usage>, StoreError> {
+        let (tenant_id, idempotency_key) = (tenant_id.to_owned(), idempotency_key.to_owned());
+        let keys = keys.to_vec();
+        self.with(move |conn| budgets::usage(conn, &tenant_id, &idempotency_key, &keys, now))
+            .await
+    }
+
+    async fn charge_budgets(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+        charges: &[Charge],
+        now: UnixMillis,
+    ) -> Result<bool, StoreError> {
+        let step = ChargeStep {
+            tenant_id: tenant_id.to_owned(),
+            idempotency_key: idempotency_key.to_owned(),
+            charges: charges.to_vec(),
+            now,
+        };
+        group::run(&self.conn, &self.ledger, step).await
+    }
+
+    async fn release_charges(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+        now: UnixMillis,
+    ) -> Result<Vec<String>, StoreError> {
+        let (tenant_id, idempotency_key) = (tenant_id.to_owned(), idempotency_key.to_owned());
+        self.with(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let names = budgets::release(&tx, &tenant_id, &idempotency_key, now)?;
+            tx.commit()?;
+            Ok(names)
+        })
+        .await
+    }
+
     async fn begin_execution(&self, step: ledger::Begin) -> Result<BeginAnswer, StoreError> {
         group::run(&self.conn, &self.ledger, step).await
     }
@@ -125,6 +194,8 @@ impl Store for SqliteStore {
                 &COLLECT_EXECUTIONS,
                 params![collect.updated_at_or_before, limit],
             )?;
+            // Charges whose window ended as long ago count for nothing.
+            budgets::collect(&tx, collect.updated_at_or_before, limit)?;
             tx.commit()?;
             Ok(n)
         })

@@ -74,6 +74,8 @@ CREATE INDEX approvals_by_call ON approvals
     // Execution tickets' keys (DESIGN §5, a record belongs to a decision);
     // fencing tokens are random secrets now, so the counter goes.
     LEDGER_SECRETS,
+    // Budget keys and their charges (DESIGN §13.1).
+    super::budgets::MIGRATION,
 ];
 
 /// Migration 6: the ticket keys, versioned for rotation; the fencing

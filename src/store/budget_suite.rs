@@ -1,0 +1,290 @@
+//! Budget charges (DESIGN §13.1) as every backend must keep them: a
+//! sliding window, one charge per operation and key, a charge made only on
+//! the version its decision read, releases, tenants apart, overflow told
+//! apart from a sum; and, across connections, allowed charges that never
+//! sum above what each decision saw. Run through `store_suite!`.
+
+use std::sync::Arc;
+
+use super::suite::{Backend, at_once};
+use crate::budgets::{BudgetKey, Charge, Usage};
+use crate::ledger::{Begin, Complete, Completion, ExecutionId, OutputSchemas};
+use crate::store::Store;
+use crate::tools::Violation;
+
+fn key(budget: &str, key: &str) -> BudgetKey {
+    BudgetKey {
+        budget: budget.into(),
+        key: key.into(),
+        window_ms: 1_000,
+    }
+}
+
+fn charge(k: &BudgetKey, amount: i64, seen_version: i64) -> Charge {
+    Charge {
+        key: k.clone(),
+        amount,
+        seen_version,
+    }
+}
+
+fn usage(used: Option<i64>, version: i64, charged: bool) -> Usage {
+    Usage {
+        used,
+        version,
+        charged,
+    }
+}
+
+/// Read, charge, a stale charge refused whole, the window sliding, the
+/// operation's own charge left out of its `used`, released and charged
+/// again, tenants apart.
+pub async fn budget_charges_slide_out_of_their_window_and_count_once(backend: &dyn Backend) {
+    let store = &*backend.open().await;
+    let (a, b) = (key("refunds", "[\"tenant\",\"acme\"]"), key("emails", "k"));
+    let both = [a.clone(), b.clone()];
+    assert_eq!(
+        store.budget_usage("acme", "op1", &both, 100).await.unwrap(),
+        [usage(Some(0), 0, false), usage(Some(0), 0, false)]
+    );
+    assert!(
+        store
+            .charge_budgets("acme", "op1", &[charge(&a, 10, 0), charge(&b, 1, 0)], 100)
+            .await
+            .unwrap()
+    );
+    // Another operation sees op1's charges; op1 sees its own as held.
+    assert_eq!(
+        store.budget_usage("acme", "op2", &both, 200).await.unwrap(),
+        [usage(Some(10), 1, false), usage(Some(1), 1, false)]
+    );
+    assert_eq!(
+        store.budget_usage("acme", "op1", &both, 200).await.unwrap(),
+        [usage(Some(0), 1, true), usage(Some(0), 1, true)]
+    );
+    // A charge on a version that moved writes nothing, not even its other key.
+    let fresh = key("fresh", "k");
+    assert!(
+        !store
+            .charge_budgets(
+                "acme",
+                "op2",
+                &[charge(&fresh, 5, 0), charge(&a, 5, 0)],
+                200
+            )
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store
+            .budget_usage("acme", "op3", &[a.clone(), fresh.clone()], 200)
+            .await
+            .unwrap(),
+        [usage(Some(10), 1, false), usage(Some(0), 0, false)]
+    );
+    assert!(
+        store
+            .charge_budgets("acme", "op2", &[charge(&a, 5, 1)], 600)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store
+            .budget_usage("acme", "op3", std::slice::from_ref(&a), 1_099)
+            .await
+            .unwrap(),
+        [usage(Some(15), 2, false)],
+        "charged_at 100 is in the window (99, 1099]"
+    );
+    assert_eq!(
+        store
+            .budget_usage("acme", "op3", std::slice::from_ref(&a), 1_100)
+            .await
+            .unwrap(),
+        [usage(Some(5), 2, false)],
+        "the window slid past op1's charge"
+    );
+    // Another tenant's key of the same text is another key.
+    assert_eq!(
+        store
+            .budget_usage("globex", "op3", std::slice::from_ref(&a), 700)
+            .await
+            .unwrap(),
+        [usage(Some(0), 0, false)]
+    );
+    // Released: no longer counted, told once; charged again on a new decision.
+    assert_eq!(
+        store.release_charges("acme", "op1", 700).await.unwrap(),
+        ["emails", "refunds"]
+    );
+    assert_eq!(
+        store.release_charges("acme", "op1", 701).await.unwrap(),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        store
+            .budget_usage("acme", "op1", std::slice::from_ref(&a), 800)
+            .await
+            .unwrap(),
+        [usage(Some(5), 2, false)]
+    );
+    assert!(
+        store
+            .charge_budgets("acme", "op1", &[charge(&a, 7, 2)], 800)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store
+            .budget_usage("acme", "op9", std::slice::from_ref(&a), 900)
+            .await
+            .unwrap(),
+        [usage(Some(12), 3, false)]
+    );
+}
+
+/// A sum at or past the ceiling (9 × 10^18) is an overflow, never a
+/// number that wrapped or saturated unnoticed.
+pub async fn a_budget_sum_past_the_ceiling_is_an_overflow(backend: &dyn Backend) {
+    let store = &*backend.open().await;
+    let k = key("big", "k");
+    let half = 4_500_000_000_000_000_000;
+    assert!(
+        store
+            .charge_budgets("acme", "a", &[charge(&k, half, 0)], 10)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store
+            .budget_usage("acme", "x", std::slice::from_ref(&k), 20)
+            .await
+            .unwrap(),
+        [usage(Some(half), 1, false)]
+    );
+    assert!(
+        store
+            .charge_budgets("acme", "b", &[charge(&k, i64::MAX, 1)], 10)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store
+            .budget_usage("acme", "x", std::slice::from_ref(&k), 20)
+            .await
+            .unwrap(),
+        [usage(None, 2, false)]
+    );
+}
+
+/// Every result is valid: the ledger here only settles records.
+#[derive(Debug)]
+struct AnyOutput;
+
+impl OutputSchemas for AnyOutput {
+    fn check(&self, _: &str, _: &serde_json::Value) -> Option<Vec<Violation>> {
+        Some(Vec::new())
+    }
+}
+
+/// A ledger record that becomes FAILED_FINAL releases its operation's
+/// charges in the same transaction; UNKNOWN keeps them.
+pub async fn a_call_that_failed_for_good_frees_its_charges(backend: &dyn Backend) {
+    let store = &*backend.open().await;
+    let k = key("refunds", "k");
+    for op in ["final", "unknown"] {
+        assert!(
+            store
+                .charge_budgets(
+                    "acme",
+                    op,
+                    &[charge(&k, 10, if op == "final" { 0 } else { 1 })],
+                    100
+                )
+                .await
+                .unwrap()
+        );
+        let id = ExecutionId {
+            tenant_id: "acme".into(),
+            idempotency_key: op.into(),
+        };
+        let acquired = store
+            .begin_execution(Begin {
+                id: id.clone(),
+                tool: "refund_order".into(),
+                arguments_sha256: "aa".into(),
+                lease_ms: 1_000,
+                max_attempts: 3,
+                now: 110,
+            })
+            .await
+            .unwrap();
+        let completion = if op == "final" {
+            Completion::FailedFinal(None)
+        } else {
+            Completion::Unknown(None)
+        };
+        store
+            .complete_execution(Complete {
+                id,
+                fencing_token: acquired.fencing_token,
+                completion,
+                now: 120,
+                outputs: Arc::new(AnyOutput),
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        store
+            .budget_usage("acme", "other", std::slice::from_ref(&k), 130)
+            .await
+            .unwrap(),
+        [usage(Some(10), 2, false)],
+        "the FAILED_FINAL call's 10 is released, the UNKNOWN one's kept"
+    );
+}
+
+/// 32 decisions of 10 against a limit of 100 on one key, over two
+/// connections (two replicas' pools), each one read–decide–charge, taken
+/// again while its key moved: exactly 10 are charged, and they sum to 100.
+pub async fn concurrent_charges_never_sum_above_what_each_decision_saw(backend: &dyn Backend) {
+    let stores = [backend.open().await, backend.open().await];
+    let k = key("refunds", "[\"tenant\",\"acme\",\"agent\",\"bot\"]");
+    let charged = at_once(&stores, 32, |store: Arc<dyn Store>, i| {
+        let k = k.clone();
+        async move {
+            let op = format!("op{i}");
+            for _ in 0..200 {
+                let [seen] = store
+                    .budget_usage("acme", &op, std::slice::from_ref(&k), 500)
+                    .await
+                    .unwrap()[..]
+                else {
+                    panic!("one key, one usage");
+                };
+                let used = seen.used.unwrap();
+                if used + 10 > 100 {
+                    return false;
+                }
+                if store
+                    .charge_budgets("acme", &op, &[charge(&k, 10, seen.version)], 500)
+                    .await
+                    .unwrap()
+                {
+                    return true;
+                }
+            }
+            panic!("{op} never got a stable read in 200 rounds");
+        }
+    })
+    .await;
+    assert_eq!(charged.iter().filter(|c| **c).count(), 10);
+    assert_eq!(
+        stores[0]
+            .budget_usage("acme", "none", &[k], 500)
+            .await
+            .unwrap(),
+        [usage(Some(100), 10, false)]
+    );
+}
