@@ -64,12 +64,29 @@ struct RawCase {
     request_id: Option<String>,
     #[serde(default)]
     approved: bool,
+    /// Earlier calls of the same caller (and session), decided first on
+    /// the same store: what budgets they were charged, the case's call sees.
+    #[serde(default)]
+    history: Vec<RawHistory>,
     #[serde(default)]
     decide_approval: Option<RawDecideApproval>,
     #[serde(default)]
     view_approval: Option<RawViewApproval>,
     expect: RawExpect,
 }
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHistory {
+    tool: String,
+    arguments: String,
+    /// How many such calls, each its own operation (default 1).
+    #[serde(default)]
+    repeat: Option<u32>,
+}
+
+/// The most calls one case's `history` makes.
+pub const MAX_HISTORY: u32 = 10_000;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -152,6 +169,17 @@ pub struct CallCase {
     pub request_id: String,
     /// Whether a granted approval bound to exactly this call is presented.
     pub approved: bool,
+    /// The calls decided before this one, in order, by the same caller.
+    pub history: Vec<HistoryCall>,
+}
+
+/// One call of a case's `history`, made `repeat` times (each time its own
+/// operation: request id `history-<entry>-<n>`).
+#[derive(Debug, Clone)]
+pub struct HistoryCall {
+    pub tool: String,
+    pub arguments: String,
+    pub repeat: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -262,16 +290,39 @@ fn validate(
         entities,
         request_id,
         approved,
+        history,
         decide_approval,
         view_approval,
         expect,
     } = raw;
     let approval_case = decide_approval.is_some() || view_approval.is_some();
-    if approval_case && (auth.is_some() || entities.is_some() || request_id.is_some() || approved) {
+    if approval_case
+        && (auth.is_some()
+            || entities.is_some()
+            || request_id.is_some()
+            || approved
+            || !history.is_empty())
+    {
         return Err(
-            "a `decide_approval` or `view_approval` case takes no `auth`, `entities`, `request_id` or `approved`"
+            "a `decide_approval` or `view_approval` case takes no `auth`, `entities`, `request_id`, `approved` or `history`"
                 .into(),
         );
+    }
+    let mut calls = 0_u32;
+    let mut earlier = Vec::with_capacity(history.len());
+    for h in history {
+        let repeat = h.repeat.unwrap_or(1);
+        calls = calls.saturating_add(repeat);
+        if repeat == 0 || calls > MAX_HISTORY {
+            return Err(format!(
+                "`history` repeats each call 1 or more times, at most {MAX_HISTORY} calls in all"
+            ));
+        }
+        earlier.push(HistoryCall {
+            tool: h.tool,
+            arguments: h.arguments,
+            repeat,
+        });
     }
     let question = match (decide_approval, view_approval, tool, arguments) {
         (None, Some(v), None, None) => {
@@ -312,6 +363,7 @@ fn validate(
                 entities_json,
                 request_id: request_id.unwrap_or_else(|| DEFAULT_REQUEST_ID.to_owned()),
                 approved,
+                history: earlier,
             })
         }
         (Some(_), _, _, _) | (_, Some(_), _, _) => {

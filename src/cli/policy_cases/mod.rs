@@ -270,23 +270,10 @@ async fn decide_call(
             Err(e) => return refused(format!("cannot wire the pipeline: {e}")),
         };
     let (authorizer, store) = (&services.authorizer, &services.store);
-    let mut input = AuthorizeInput {
-        tool: call.tool.clone(),
-        arguments: call.arguments.clone().into_bytes(),
-        caller: Some(call.caller.clone()),
-        call_id: String::new(),
-        request_id: call.request_id.clone(),
-        approval_id: String::new(),
-        deadline: None,
-        entities_json: call.entities_json.clone(),
-        tool_version: String::new(),
-        identity_token: String::new(),
-        peer: String::new(),
-        // A case is the policy author's own: it may be of any tenant.
-        tenants: TenantScope::Any,
-        door: Door::Executor,
-        action: String::new(),
-    };
+    if let Err(e) = replay_history(authorizer, call).await {
+        return refused(e);
+    }
+    let mut input = case_input(call, &call.tool, &call.arguments, call.request_id.clone());
     let first = authorizer.authorize(&input).await;
     if call.approved
         && let Ok(outcome) = &first
@@ -299,6 +286,45 @@ async fn decide_call(
         return actual(authorizer.authorize(&input).await);
     }
     actual(first)
+}
+
+/// A call of the case's caller, with its entities, at the executor's door.
+fn case_input(call: &CallCase, tool: &str, arguments: &str, request_id: String) -> AuthorizeInput {
+    AuthorizeInput {
+        tool: tool.to_owned(),
+        arguments: arguments.as_bytes().to_vec(),
+        caller: Some(call.caller.clone()),
+        call_id: String::new(),
+        request_id,
+        approval_id: String::new(),
+        deadline: None,
+        entities_json: call.entities_json.clone(),
+        tool_version: String::new(),
+        identity_token: String::new(),
+        peer: String::new(),
+        // A case is the policy author's own: it may be of any tenant.
+        tenants: TenantScope::Any,
+        door: Door::Executor,
+        action: String::new(),
+    }
+}
+
+/// The case's `history`, decided in order on the case's store by the
+/// case's caller: each allowed call charged as the sidecar would charge it.
+async fn replay_history(
+    authorizer: &crate::decision::ToolCallAuthorizer,
+    call: &CallCase,
+) -> Result<(), String> {
+    for (entry, h) in call.history.iter().enumerate() {
+        for n in 0..h.repeat {
+            let input = case_input(call, &h.tool, &h.arguments, format!("history-{entry}-{n}"));
+            authorizer
+                .authorize(&input)
+                .await
+                .map_err(|e| format!("`history` call {entry} is not a valid request: {e}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// Records and grants an approval bound to exactly this call, as a human
