@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::budgets::Seen;
 use crate::identity::Caller;
 
 /// What the audit log keeps of one decision: ids, hashes, the verdict and
@@ -43,6 +44,10 @@ pub struct DecisionAudit<'a> {
     pub door: &'a str,
     /// The gateway's action name (cut when echoed); empty for an executor.
     pub action: &'a str,
+    /// What the decision saw of each budget counting the call (DESIGN
+    /// §13.3): written, with whether it charged them, only when non-empty.
+    pub budgets: &'a [Seen],
+    pub charged: bool,
 }
 
 /// What a refused gateway request's event says (see
@@ -145,7 +150,7 @@ impl AuditEvent {
         let approval_id = d
             .approval_created
             .unwrap_or_else(|| echo(d.approval_presented));
-        Self::new("decision")
+        let event = Self::new("decision")
             .with("decision_id", d.decision_id)
             .with("request_id", echo(d.request_id))
             .with("call_id", echo(d.call_id))
@@ -164,8 +169,13 @@ impl AuditEvent {
             .with("policies", d.policies)
             .with("approval_id", approval_id)
             .with("door", d.door)
-            .with("action", echo(d.action))
-            .with("latency_us", micros(latency))
+            .with("action", echo(d.action));
+        let event = if d.budgets.is_empty() {
+            event
+        } else {
+            event.with("budgets", d.budgets).with("charged", d.charged)
+        };
+        event.with("latency_us", micros(latency))
     }
 
     /// The event of a gateway request refused before any decision: one per
@@ -408,6 +418,8 @@ mod tests {
             approval_presented: "",
             door: "executor",
             action: "",
+            budgets: &[],
+            charged: false,
         };
         let line = AuditEvent::decision(&d, Duration::from_micros(42)).into_line();
         let (time, rest) = line

@@ -56,7 +56,7 @@ pub struct Meter {
 }
 
 /// `context.budgets.<name>` of one decision, and what its audit event keeps.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Seen {
     pub name: String,
     pub used: i64,

@@ -139,6 +139,20 @@ pub async fn assemble(
     policies: Arc<PolicyReloader>,
 ) -> Result<Services, ServerError> {
     let store = crate::store::open(&config.store, config.store_settings).await?;
+    assemble_on(config, clock, policies, store).await
+}
+
+/// [`assemble`] on a store already open (`config.store` is not read): for
+/// a caller that keeps its own handle on the same store.
+///
+/// # Errors
+/// As [`assemble`].
+pub async fn assemble_on(
+    config: &Config,
+    clock: Arc<dyn Clock>,
+    policies: Arc<PolicyReloader>,
+    store: Arc<dyn Store>,
+) -> Result<Services, ServerError> {
     let metrics = Arc::new(Metrics::default());
     // Before anything is served: a scrape never misses the policy series.
     metrics.watch_policies(Arc::clone(&policies) as Arc<dyn crate::metrics::PolicyGauges>);

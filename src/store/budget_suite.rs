@@ -8,9 +8,7 @@ use std::sync::Arc;
 
 use super::suite::{Backend, at_once};
 use crate::budgets::{BudgetKey, Charge, Usage};
-use crate::ledger::{Begin, Complete, Completion, ExecutionId, OutputSchemas};
 use crate::store::Store;
-use crate::tools::Violation;
 
 fn key(budget: &str, key: &str) -> BudgetKey {
     BudgetKey {
@@ -174,74 +172,6 @@ pub async fn a_budget_sum_past_the_ceiling_is_an_overflow(backend: &dyn Backend)
             .await
             .unwrap(),
         [usage(None, 2, false)]
-    );
-}
-
-/// Every result is valid: the ledger here only settles records.
-#[derive(Debug)]
-struct AnyOutput;
-
-impl OutputSchemas for AnyOutput {
-    fn check(&self, _: &str, _: &serde_json::Value) -> Option<Vec<Violation>> {
-        Some(Vec::new())
-    }
-}
-
-/// A ledger record that becomes FAILED_FINAL releases its operation's
-/// charges in the same transaction; UNKNOWN keeps them.
-pub async fn a_call_that_failed_for_good_frees_its_charges(backend: &dyn Backend) {
-    let store = &*backend.open().await;
-    let k = key("refunds", "k");
-    for op in ["final", "unknown"] {
-        assert!(
-            store
-                .charge_budgets(
-                    "acme",
-                    op,
-                    &[charge(&k, 10, if op == "final" { 0 } else { 1 })],
-                    100
-                )
-                .await
-                .unwrap()
-        );
-        let id = ExecutionId {
-            tenant_id: "acme".into(),
-            idempotency_key: op.into(),
-        };
-        let acquired = store
-            .begin_execution(Begin {
-                id: id.clone(),
-                tool: "refund_order".into(),
-                arguments_sha256: "aa".into(),
-                lease_ms: 1_000,
-                max_attempts: 3,
-                now: 110,
-            })
-            .await
-            .unwrap();
-        let completion = if op == "final" {
-            Completion::FailedFinal(None)
-        } else {
-            Completion::Unknown(None)
-        };
-        store
-            .complete_execution(Complete {
-                id,
-                fencing_token: acquired.fencing_token,
-                completion,
-                now: 120,
-                outputs: Arc::new(AnyOutput),
-            })
-            .await
-            .unwrap();
-    }
-    assert_eq!(
-        store
-            .budget_usage("acme", "other", std::slice::from_ref(&k), 130)
-            .await
-            .unwrap(),
-        [usage(Some(10), 2, false)],
-        "the FAILED_FINAL call's 10 is released, the UNKNOWN one's kept"
     );
 }
 

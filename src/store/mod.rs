@@ -428,9 +428,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<bool, StoreError>;
 
     /// Releases the operation's live charges (its call will not happen):
-    /// the names of the budgets released, one per charge. A ledger record
-    /// that becomes FAILED_FINAL releases its operation's charges in the
-    /// same transaction.
+    /// the names of the budgets released, one per charge (the ledger's desk
+    /// calls it for every answer whose record is FAILED_FINAL).
     ///
     /// # Errors
     /// [`StoreError`] when the database fails; nothing is then written.

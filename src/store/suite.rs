@@ -60,7 +60,6 @@ macro_rules! store_suite {
             concurrent_upserts_leave_one_whole_entity,
             budget_charges_slide_out_of_their_window_and_count_once,
             a_budget_sum_past_the_ceiling_is_an_overflow,
-            a_call_that_failed_for_good_frees_its_charges,
             concurrent_charges_never_sum_above_what_each_decision_saw,
         );
     };
@@ -78,7 +77,7 @@ macro_rules! store_suite {
 pub(crate) use store_suite;
 
 pub use super::budget_suite::{
-    a_budget_sum_past_the_ceiling_is_an_overflow, a_call_that_failed_for_good_frees_its_charges,
+    a_budget_sum_past_the_ceiling_is_an_overflow,
     budget_charges_slide_out_of_their_window_and_count_once,
     concurrent_charges_never_sum_above_what_each_decision_saw,
 };

@@ -18,6 +18,7 @@ mod architecture;
 mod audit;
 mod authorize;
 mod authzen;
+mod budgets;
 mod callable_tools;
 mod cli;
 mod console;

@@ -73,7 +73,8 @@ impl Sidecar {
         Self::start_serving(dir, policies, &store, extra)
     }
 
-    fn start_serving(dir: &Path, policies: &Path, url: &str, extra: &[OsString]) -> Self {
+    /// `toolgate serve` on `policies` and the store `url`, plus `extra` flags.
+    pub fn start_serving(dir: &Path, policies: &Path, url: &str, extra: &[OsString]) -> Self {
         let mut command = toolgate();
         command
             .arg("serve")

@@ -85,6 +85,12 @@ impl ToolCallAuthorizer {
                 })
                 .map_err(refused)?;
             if !matches!(decision, PolicyDecision::Allow { .. }) {
+                for over in seen
+                    .iter()
+                    .filter(|b| b.used.saturating_add(b.this_call) > b.limit)
+                {
+                    self.metrics.budget_over_limit(&over.name);
+                }
                 return Ok(Budgeted {
                     decision,
                     seen,

@@ -158,7 +158,15 @@ impl ToolCallAuthorizer {
         let event = AuditEvent::decision(&audited(input, &outcome), started.elapsed());
         if self.audit.record(event).await.is_err() {
             // Fail closed: no decision leaves unaudited. Nothing ran, and a
-            // consumed approval stays usable by this same key.
+            // consumed approval stays usable by this same key; what this
+            // decision charged is released.
+            if outcome.charged
+                && let Some(caller) = &outcome.principal
+            {
+                self.uncharge(caller, &outcome.idempotency_key, self.clock.now_ms())
+                    .await;
+                outcome.charged = false;
+            }
             outcome = outcome.deny(Envelope::new(
                 ErrorCode::InternalError,
                 "the decision could not be recorded; retry with the same key",
@@ -742,6 +750,8 @@ fn audited<'a>(input: &'a AuthorizeInput, outcome: &'a AuthorizeOutcome) -> Deci
         approval_presented: &input.approval_id,
         door: input.door.as_str(),
         action: &input.action,
+        budgets: &outcome.budgets,
+        charged: outcome.charged,
     }
 }
 

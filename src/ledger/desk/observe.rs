@@ -129,6 +129,28 @@ impl LedgerDesk {
         audit: &LedgerAudit<'_>,
         outcome: &'static str,
     ) {
+        // A call that will not happen frees what it was charged (DESIGN
+        // §13.1): after the transition, so a crash in between leaves the
+        // charge (more used than spent, never less).
+        if audit.state == ExecutionState::FailedFinal.as_str()
+            && let Some(principal) = seen.principal
+        {
+            let now = self.clock.now_ms();
+            match self
+                .store
+                .release_charges(&principal.tenant_id, seen.idempotency_key, now)
+                .await
+            {
+                Ok(names) => {
+                    for name in &names {
+                        self.metrics.budget_released(name);
+                    }
+                }
+                Err(e) => {
+                    self.store_failure(&e);
+                }
+            }
+        }
         let engine = self.engine.load();
         let contract = engine.tools().get(audit.tool);
         let event = AuditEvent::ledger(

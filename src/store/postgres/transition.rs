@@ -5,7 +5,7 @@ use deadpool_postgres::Object;
 
 use super::super::{EXECUTION_COLUMNS, StoreError, error_to_json, signed};
 use super::{Failure, execution_from_row};
-use crate::ledger::{ExecutionState, Transition, Write};
+use crate::ledger::{Transition, Write};
 
 /// One run of a ledger transition (see [`Store::begin_execution`]).
 pub(super) async fn transition<T: Transition>(
@@ -100,14 +100,6 @@ pub(super) async fn transition<T: Transition>(
                 .into());
             }
         }
-    }
-    // A call that will not happen frees what it was charged (DESIGN §13.1).
-    if let Write::Insert(r) | Write::Update { record: r, .. } = &write
-        && r.state == ExecutionState::FailedFinal
-    {
-        let release = tx.prepare_cached(super::budgets::RELEASE).await?;
-        tx.execute(&release, &[&r.tenant_id, &r.idempotency_key, &r.updated_at])
-            .await?;
     }
     tx.commit().await?;
     Ok(answer)

@@ -160,11 +160,5 @@ pub(super) fn apply_transition<T: Transition>(
             }
         }
     }
-    // A call that will not happen frees what it was charged (DESIGN §13.1).
-    if let Write::Insert(r) | Write::Update { record: r, .. } = &write
-        && r.state == ledger::ExecutionState::FailedFinal
-    {
-        super::budgets::release(tx, &r.tenant_id, &r.idempotency_key, r.updated_at)?;
-    }
     Ok(answer)
 }

@@ -12,6 +12,7 @@
 mod entities;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -44,6 +45,8 @@ use schema::migrate;
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
     ledger: Arc<group::Queue>,
+    /// How many calls reached the database (see [`Self::accesses`]).
+    accesses: Arc<AtomicU64>,
 }
 
 impl SqliteStore {
@@ -71,7 +74,21 @@ impl SqliteStore {
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             ledger: Arc::default(),
+            accesses: Arc::default(),
         })
+    }
+
+    /// How many store calls this store (and its clones) sent to the
+    /// database so far: what shows that a stateless decision makes none.
+    #[must_use]
+    pub fn accesses(&self) -> u64 {
+        self.accesses.load(Ordering::Relaxed)
+    }
+
+    /// Runs `step` in the one writer's next batch ([`group`]).
+    async fn batched<T: group::Step>(&self, step: T) -> Result<T::Answer, StoreError> {
+        self.accesses.fetch_add(1, Ordering::Relaxed);
+        group::run(&self.conn, &self.ledger, step).await
     }
 
     async fn with<T, F>(&self, f: F) -> Result<T, StoreError>
@@ -79,6 +96,7 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        self.accesses.fetch_add(1, Ordering::Relaxed);
         let conn = Arc::clone(&self.conn);
         tokio::task::spawn_blocking(move || {
             let mut guard = conn
@@ -141,7 +159,7 @@ impl Store for SqliteStore {
             charges: charges.to_vec(),
             now,
         };
-        group::run(&self.conn, &self.ledger, step).await
+        self.batched(step).await
     }
 
     async fn release_charges(
@@ -161,18 +179,18 @@ impl Store for SqliteStore {
     }
 
     async fn begin_execution(&self, step: ledger::Begin) -> Result<BeginAnswer, StoreError> {
-        group::run(&self.conn, &self.ledger, step).await
+        self.batched(step).await
     }
 
     async fn complete_execution(&self, step: ledger::Complete) -> Result<Settled, StoreError> {
-        group::run(&self.conn, &self.ledger, step).await
+        self.batched(step).await
     }
 
     async fn reconcile_execution(
         &self,
         step: ledger::Reconcile,
     ) -> Result<Option<Settled>, StoreError> {
-        group::run(&self.conn, &self.ledger, step).await
+        self.batched(step).await
     }
 
     async fn get_execution(
