@@ -27,7 +27,7 @@ pub struct BudgetKey {
 }
 
 /// What the store knows of one key at one moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Usage {
     /// What the charges in the window sum to, this call's own left out;
     /// `None` when the sum does not fit a Long.

@@ -357,4 +357,6 @@ pub fn load_dir(dir: &Path, tools: &ToolRegistry) -> Result<Vec<Budget>, BudgetE
 }
 
 #[cfg(test)]
+mod model_check;
+#[cfg(test)]
 mod tests;

@@ -115,6 +115,7 @@ fn answer(outcome: &AuthorizeOutcome) -> serde_json::Value {
         "conflict_key": outcome.conflict_key,
         "timeout_ms": outcome.timeout_ms,
         "approval_id": outcome.approval.as_ref().map(|a| a.0.clone()),
+        "budgets": outcome.budgets,
         "policy_version": outcome.policy_version,
     })
 }
