@@ -308,3 +308,35 @@ async fn a_call_no_budget_counts_makes_no_store_access() {
     );
     assert!(refund.charged);
 }
+
+/// BatchAuthorize decides in request order, each call on the charges of
+/// the ones before it: the sixth and seventh refunds of 100.00 wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_charged_in_request_order() {
+    let server = TestServer::start().await;
+    let mut client = server.client().await;
+    let requests = (0..7).map(|i| refund("batch-bot", i, 10_000)).collect();
+    let r = client
+        .batch_authorize(pb::BatchAuthorizeRequest { requests })
+        .await
+        .unwrap()
+        .into_inner();
+    let decisions: Vec<Decision> = r
+        .responses
+        .iter()
+        .map(pb::AuthorizeResponse::decision)
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            Decision::Allow,
+            Decision::Allow,
+            Decision::Allow,
+            Decision::Allow,
+            Decision::Allow,
+            Decision::ApprovalRequired,
+            Decision::ApprovalRequired
+        ]
+    );
+    server.stop().await;
+}

@@ -577,3 +577,55 @@ both_backends!(
     a_gateway_approval_serves_only_its_own_call,
     the_executor_door_keeps_its_request_id_binding,
 );
+
+/// A gateway call past the daily refund budget (DESIGN §13.1) waits for a
+/// human; once approved it is allowed and charged on the budget as it
+/// stands then, so the next call sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_call_over_its_budget_is_charged_once_approved() {
+    let server = TestServer::start().await;
+    let bob_at = caller("bob", "acme");
+    let refund = |cents: u32| {
+        format!(
+            r#"{{"order_id":"ord_1001","amount_cents":{cents},"currency":"USD","reason":"late"}}"#
+        )
+    };
+    for i in 0..5 {
+        let o = decide(
+            &server,
+            &through_gateway(&bob_at, &format!("r{i}"), &refund(10_000)),
+        )
+        .await;
+        assert_eq!(o.decision, Decision::Allow, "{i}: {:?}", o.error);
+    }
+    let over = decide(&server, &through_gateway(&bob_at, "r5", &refund(5_000))).await;
+    assert_eq!(
+        over.decision,
+        Decision::ApprovalRequired,
+        "{:?}",
+        over.error
+    );
+    assert_eq!(over.policies, ["refunds-daily-budget"]);
+    approve(&server, &approval_id(&over), &over.arguments_sha256).await;
+    // The gateway's retry: another JSON-RPC id, the same call.
+    let approved = decide(
+        &server,
+        &through_gateway(&bob_at, "r5-again", &refund(5_000)),
+    )
+    .await;
+    assert_eq!(approved.decision, Decision::Allow, "{:?}", approved.error);
+    assert_eq!(
+        approved.budgets,
+        [toolgate::budgets::Seen {
+            name: "refunds_daily".into(),
+            used: 50_000,
+            this_call: 5_000,
+            limit: 50_000,
+        }]
+    );
+    assert!(approved.charged);
+    let next = decide(&server, &through_gateway(&bob_at, "r6", &refund(1))).await;
+    assert_eq!(next.decision, Decision::ApprovalRequired);
+    assert_eq!(next.budgets[0].used, 55_000);
+    server.stop().await;
+}
