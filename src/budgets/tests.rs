@@ -213,3 +213,103 @@ fn a_folder_loads_in_name_order_and_a_missing_one_is_empty() {
     let e = load_dir(dir.path(), &tools()).unwrap_err();
     assert_eq!(e.path, dir.path().join("c.json"));
 }
+
+#[test]
+fn a_measure_that_is_no_non_negative_integer_is_refused_and_a_sum_past_a_long_overflows() {
+    let text = r#"{"name": "refunds_daily", "tools": ["refund_order"], "windowSeconds": 60,
+                   "measure": {"pointer": "/amount_cents"}, "limit": 100}"#;
+    let budget = load("refunds_daily", text).unwrap();
+    let args = |v: serde_json::Value| serde_json::json!({"amount_cents": v});
+    assert_eq!(amount(&budget, &args(serde_json::json!(250))), Ok(250));
+    assert_eq!(amount(&budget, &args(serde_json::json!(250.0))), Ok(250));
+    let negative = amount(&budget, &args(serde_json::json!(-1))).unwrap_err();
+    assert_eq!(
+        (negative.reason(), negative.budget(), negative.pointer()),
+        ("negative_measure", "refunds_daily", Some("/amount_cents"))
+    );
+    for v in [
+        serde_json::json!(2.5),
+        serde_json::json!(1e300),
+        serde_json::json!("5"),
+    ] {
+        assert_eq!(
+            amount(&budget, &args(v)).unwrap_err().reason(),
+            "measure_not_an_integer"
+        );
+    }
+    let counted = load(
+        "emails_hourly",
+        r#"{"name": "emails_hourly", "tools": ["send_email"], "windowSeconds": 60, "limit": 3}"#,
+    )
+    .unwrap();
+    assert_eq!(amount(&counted, &serde_json::json!({})), Ok(1));
+
+    let meter = Meter {
+        key: BudgetKey {
+            budget: "refunds_daily".into(),
+            key: "k".into(),
+            window_ms: 60_000,
+        },
+        this_call: 10,
+        limit: 100,
+    };
+    let usage = |used| Usage {
+        used,
+        version: 1,
+        charged: false,
+    };
+    assert_eq!(
+        seen(std::slice::from_ref(&meter), &[usage(Some(90))]).unwrap(),
+        [Seen {
+            name: "refunds_daily".into(),
+            used: 90,
+            this_call: 10,
+            limit: 100
+        }]
+    );
+    for used in [None, Some(i64::MAX - 9)] {
+        assert_eq!(
+            seen(std::slice::from_ref(&meter), &[usage(used)]).unwrap_err(),
+            MeterRefusal::Overflow {
+                budget: "refunds_daily".into()
+            }
+        );
+    }
+    // A retry holding its charge is not charged again.
+    let held = Usage {
+        used: Some(0),
+        version: 4,
+        charged: true,
+    };
+    assert!(charges(std::slice::from_ref(&meter), &[held]).is_empty());
+    assert_eq!(
+        charges(std::slice::from_ref(&meter), &[usage(Some(0))]),
+        [Charge {
+            key: meter.key.clone(),
+            amount: 10,
+            seen_version: 1
+        }]
+    );
+}
+
+#[test]
+fn keys_name_their_parts_so_no_two_keys_share_a_text() {
+    let text = r#"{"name": "refunds_daily", "tools": ["refund_order"], "per": ["agent", "resource"],
+                   "windowSeconds": 60, "measure": {"pointer": "/amount_cents"}, "limit": 100}"#;
+    let budget = load("refunds_daily", text).unwrap();
+    let tools = tools();
+    let tool = tools.get("refund_order").unwrap();
+    let caller = crate::identity::Caller {
+        subject_id: "bob".into(),
+        tenant_id: "acme".into(),
+        scopes: Vec::new(),
+        roles: Vec::new(),
+        agent_id: "a\",\"b".into(),
+        session_id: String::new(),
+    };
+    let args = serde_json::json!({"order_id": "ord_1", "amount_cents": 1});
+    assert_eq!(
+        key_text(&budget, &caller, tool, &args),
+        r#"["tenant","acme","agent","a\",\"b","resource","ord_1"]"#
+    );
+}

@@ -81,7 +81,7 @@ fn decide(
             arguments,
             entities: Some(entities),
             approved: false,
-            budgets: &[],
+            budgets: &engine.unspent_budgets(&tool.name),
         })
         .unwrap()
 }

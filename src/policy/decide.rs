@@ -498,7 +498,7 @@ when { Action::"delete_account" in Action::"risk:destructive" && Tool::"search_d
                 arguments: &args,
                 entities: Some(&entities),
                 approved: false,
-                budgets: &[],
+                budgets: &engine.unspent_budgets(&tool.name),
             })
             .unwrap();
         assert_eq!(
@@ -527,7 +527,7 @@ when { Action::"delete_account" in Action::"risk:destructive" && Tool::"search_d
                 arguments: &args,
                 entities: Some(&entities),
                 approved: false,
-                budgets: &[],
+                budgets: &engine.unspent_budgets(&tool.name),
             })
         };
         let regrouped = decide(json!({"uid": {"type": "Action", "id": "refund_order"},

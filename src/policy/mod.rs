@@ -101,6 +101,22 @@ impl PolicyEngine {
         &self.budgets
     }
 
+    /// `context.budgets` of a call of `tool` when nothing was charged yet
+    /// (used 0, this call 0): for tests that ask Cedar without a store.
+    #[cfg(test)]
+    pub(crate) fn unspent_budgets(&self, tool: &str) -> Vec<crate::budgets::Seen> {
+        self.budgets
+            .of_tool(tool)
+            .iter()
+            .map(|b| crate::budgets::Seen {
+                name: b.name.clone(),
+                used: 0,
+                this_call: 0,
+                limit: b.limit,
+            })
+            .collect()
+    }
+
     /// A hash of every loaded file: changes exactly when their content does.
     #[must_use]
     pub fn version(&self) -> &str {

@@ -173,7 +173,7 @@ mod tests {
             arguments: &arguments,
             entities: Some(entities),
             approved: false,
-            budgets: &[],
+            budgets: &engine.unspent_budgets(&tool.name),
         })
     }
 
