@@ -160,6 +160,8 @@ async fn the_audit_log_has_one_event_per_decision_and_no_secrets() {
         "approval_id",
         "door",
         "action",
+        "budgets",
+        "charged",
         "latency_us",
     ];
     for (event, answer, call_id, request_id) in [

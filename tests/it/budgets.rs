@@ -16,7 +16,7 @@ use toolgate::store::{PostgresStore, SqliteStore, Store, StoreSettings};
 
 use crate::sidecar::Sidecar;
 use crate::support::{
-    Backend, TestServer, both_backends, code, copy_of_examples, identity_args, request,
+    Backend, TestServer, both_backends, code, examples_with_refund_budget, identity_args, request,
     scratch_schema, test_config,
 };
 
@@ -27,14 +27,7 @@ const ROUNDS: usize = 20;
 
 /// The example deployment with the daily refund budget at 100.00.
 fn policies_with_a_budget_of_100() -> (tempfile::TempDir, std::path::PathBuf) {
-    let (dir, policies) = copy_of_examples();
-    std::fs::write(
-        policies.join("budgets/refunds_daily.json"),
-        r#"{"name": "refunds_daily", "tools": ["refund_order"], "per": ["agent"],
-            "windowSeconds": 86400, "measure": {"pointer": "/amount_cents"}, "limit": 10000}"#,
-    )
-    .unwrap();
-    (dir, policies)
+    examples_with_refund_budget(10_000)
 }
 
 fn refund(agent: &str, i: usize, amount: u32) -> pb::AuthorizeRequest {

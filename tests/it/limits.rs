@@ -35,12 +35,12 @@ const FILE_EXCEPTIONS: &[(&str, usize, &str)] = &[];
 const FN_EXCEPTIONS: &[(&str, usize, &str)] = &[
     (
         "src/envelope.rs::info",
-        200,
+        220,
         "the error table of DESIGN §6: one match arm per code, read (and pinned by table_is_locked) as one table",
     ),
     (
         "src/metrics.rs::default",
-        130,
+        140,
         "the registry: every metric registered in one place, so that their names are read and reviewed together",
     ),
 ];

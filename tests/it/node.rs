@@ -203,7 +203,10 @@ async fn the_typescript_sdk_against_a_real_sidecar() {
         format!("[grpc_web]\nallowed_origins = [\"{WEB_ORIGIN}\"]\n"),
     )
     .unwrap();
-    let sidecar = Sidecar::start(dir.path(), &identity_args());
+    // The SDK tests refund more than the example's 500.00 a day.
+    let (_policies, policies) =
+        crate::support::examples_with_refund_budget(crate::support::GENEROUS);
+    let sidecar = Sidecar::start_with_policies(dir.path(), &policies, &identity_args());
     let (unix, mtls) = transport_servers(dir.path()).await;
     let addr = sidecar.addr.to_string();
     let tls_addr = format!("localhost:{}", mtls.addr.port());

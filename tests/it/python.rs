@@ -180,7 +180,10 @@ fn the_python_executor_runs_the_refund_example() {
     let site = scratch.path().join("site");
     install_package(&py, &root, scratch.path(), &site);
     let store = tempfile::tempdir().unwrap();
-    let server = Sidecar::start(store.path(), &identity_args());
+    // The SDK tests refund more than the example's 500.00 a day.
+    let (_policies, policies) =
+        crate::support::examples_with_refund_budget(crate::support::GENEROUS);
+    let server = Sidecar::start_with_policies(store.path(), &policies, &identity_args());
     let junit = scratch.path().join("junit.xml");
     // Tenant acme: dana may decide, erin lacks the role, bob is the requester.
     let approver = token("dana", "acme", &["support_admin"]);

@@ -48,8 +48,12 @@ async fn sigterm_under_load_loses_no_call_and_exits_zero() {
         ),
     )
     .unwrap();
-    let mut sidecar = Sidecar::start(
+    // Executors refund back to back: more than the example's 500.00 a day.
+    let (_policies, policies) =
+        crate::support::examples_with_refund_budget(crate::support::GENEROUS);
+    let mut sidecar = Sidecar::start_with_policies(
         dir.path(),
+        &policies,
         &[OsString::from("--config"), config.into_os_string()],
     );
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", sidecar.addr))

@@ -33,6 +33,25 @@ pub fn copy_of_examples() -> (tempfile::TempDir, PathBuf) {
     (dir, dst)
 }
 
+/// A copy of the example deployment whose daily refund budget is `limit`
+/// cents: for tests that refund more than the example's 500.00 a day with
+/// one agent and are not about budgets (the budget still counts them).
+pub fn examples_with_refund_budget(limit: i64) -> (tempfile::TempDir, PathBuf) {
+    let (dir, policies) = copy_of_examples();
+    std::fs::write(
+        policies.join("budgets/refunds_daily.json"),
+        format!(
+            r#"{{"name": "refunds_daily", "tools": ["refund_order"], "per": ["agent"],
+                "windowSeconds": 86400, "measure": {{"pointer": "/amount_cents"}}, "limit": {limit}}}"#
+        ),
+    )
+    .unwrap();
+    (dir, policies)
+}
+
+/// Large enough for any test's refunds.
+pub const GENEROUS: i64 = 1_000_000_000_000;
+
 fn copy_dir(src: &Path, dst: &Path) {
     std::fs::create_dir_all(dst).unwrap();
     for entry in std::fs::read_dir(src).unwrap() {

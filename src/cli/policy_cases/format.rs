@@ -277,6 +277,28 @@ fn caller(a: RawAuth) -> Result<Caller, String> {
     })
 }
 
+/// A case's `history`, each entry repeated 1 or more times, at most
+/// [`MAX_HISTORY`] calls in all.
+fn history_calls(history: Vec<RawHistory>) -> Result<Vec<HistoryCall>, String> {
+    let mut calls = 0_u32;
+    let mut earlier = Vec::with_capacity(history.len());
+    for h in history {
+        let repeat = h.repeat.unwrap_or(1);
+        calls = calls.saturating_add(repeat);
+        if repeat == 0 || calls > MAX_HISTORY {
+            return Err(format!(
+                "`history` repeats each call 1 or more times, at most {MAX_HISTORY} calls in all"
+            ));
+        }
+        earlier.push(HistoryCall {
+            tool: h.tool,
+            arguments: h.arguments,
+            repeat,
+        });
+    }
+    Ok(earlier)
+}
+
 fn validate(
     raw: RawCase,
     default_auth: Option<&RawAuth>,
@@ -308,22 +330,7 @@ fn validate(
                 .into(),
         );
     }
-    let mut calls = 0_u32;
-    let mut earlier = Vec::with_capacity(history.len());
-    for h in history {
-        let repeat = h.repeat.unwrap_or(1);
-        calls = calls.saturating_add(repeat);
-        if repeat == 0 || calls > MAX_HISTORY {
-            return Err(format!(
-                "`history` repeats each call 1 or more times, at most {MAX_HISTORY} calls in all"
-            ));
-        }
-        earlier.push(HistoryCall {
-            tool: h.tool,
-            arguments: h.arguments,
-            repeat,
-        });
-    }
+    let earlier = history_calls(history)?;
     let question = match (decide_approval, view_approval, tool, arguments) {
         (None, Some(v), None, None) => {
             let viewer = caller(v.viewer)?;
@@ -375,6 +382,16 @@ fn validate(
             return Err("a call case needs `tool` and `arguments` (the raw argument text)".into());
         }
     };
+    Ok(Case {
+        name,
+        line: 1,
+        question,
+        expect: expectation(expect)?,
+    })
+}
+
+/// What a case expects, checked: a known decision, a code exactly where one belongs.
+fn expectation(expect: RawExpect) -> Result<Expectation, String> {
     let RawExpect {
         decision,
         code,
@@ -403,16 +420,11 @@ fn validate(
         (_, Some(code)) => Some(code),
     };
     policies.sort();
-    Ok(Case {
-        name,
-        line: 1,
-        question,
-        expect: Expectation {
-            decision,
-            code,
-            policies,
-            message,
-        },
+    Ok(Expectation {
+        decision,
+        code,
+        policies,
+        message,
     })
 }
 

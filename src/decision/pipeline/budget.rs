@@ -46,7 +46,9 @@ impl ToolCallAuthorizer {
 
     /// Cedar's answer for `call` (its `budgets` filled here), the ALLOW
     /// charged to every meter, the whole step taken again while a key
-    /// moved under it.
+    /// moved under it. `from_store`: the entities are the entity store's
+    /// (the caller gave none), so entities that do not fit are no caller's
+    /// mistake.
     pub(super) async fn decide_budgeted(
         &self,
         engine: &PolicyEngine,
@@ -54,8 +56,8 @@ impl ToolCallAuthorizer {
         meters: &[Meter],
         hashed: &Hashed<'_>,
         now: UnixMillis,
+        from_store: bool,
     ) -> Result<Budgeted, Stop> {
-        let from_store = call.entities.is_none();
         let refused = |e| evaluation_refused(e, from_store, hashed.tool);
         if meters.is_empty() {
             let decision = engine.decide_tool_call(&call).map_err(refused)?;

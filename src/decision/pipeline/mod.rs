@@ -362,6 +362,7 @@ impl ToolCallAuthorizer {
     ) -> Result<Judged<'e>, Stop> {
         let hashed = self.the_call(input, engine, caller, out)?;
         let meters = Self::meters(engine, &hashed, caller)?;
+        let from_store = entities.is_none();
         let entities = self
             .entities_of(hashed.tool, &hashed.args, caller, entities)
             .await?;
@@ -380,7 +381,7 @@ impl ToolCallAuthorizer {
             seen,
             charged,
         } = self
-            .decide_budgeted(engine, call, &meters, &hashed, now)
+            .decide_budgeted(engine, call, &meters, &hashed, now, from_store)
             .await?;
         out.budgets = seen;
         out.charged = charged;
@@ -391,6 +392,7 @@ impl ToolCallAuthorizer {
             decision,
             now,
             meters,
+            from_store,
         })
     }
 
@@ -555,7 +557,7 @@ impl ToolCallAuthorizer {
         engine: &PolicyEngine,
         call: ToolCall<'_>,
         new: NewApproval,
-        (hashed, meters): (&Hashed<'_>, &[Meter]),
+        (hashed, meters, from_store): (&Hashed<'_>, &[Meter], bool),
         now: UnixMillis,
     ) -> AuthorizeOutcome {
         let idempotency_key = hashed.key.as_str();
@@ -605,7 +607,7 @@ impl ToolCallAuthorizer {
                         ..approved
                     };
                     match self
-                        .decide_budgeted(engine, approved, meters, hashed, now)
+                        .decide_budgeted(engine, approved, meters, hashed, now, from_store)
                         .await
                     {
                         Ok(Budgeted {

@@ -24,6 +24,8 @@ pub(super) struct Judged<'e> {
     pub(super) now: UnixMillis,
     /// The budgets counting the call (none: stateless).
     pub(super) meters: Vec<Meter>,
+    /// The entities came from the entity store.
+    pub(super) from_store: bool,
 }
 
 impl ToolCallAuthorizer {
@@ -42,6 +44,7 @@ impl ToolCallAuthorizer {
             decision,
             now,
             meters,
+            from_store,
         } = judged;
         let tool = hashed.tool;
         match decision {
@@ -72,7 +75,14 @@ impl ToolCallAuthorizer {
                         budgets: &[],
                     };
                     return self
-                        .gateway_approval(out, engine, call, new, (&hashed, &meters), now)
+                        .gateway_approval(
+                            out,
+                            engine,
+                            call,
+                            new,
+                            (&hashed, &meters, from_store),
+                            now,
+                        )
                         .await;
                 }
                 match self.store.pending_approval_for_call(new, now).await {

@@ -137,28 +137,3 @@ pub(super) const RELEASE: &str = "UPDATE budget_charges SET released_at = $3 \
 /// Deletes at most `$2` charges whose window ended at or before `$1`.
 pub(super) const COLLECT: &str = "DELETE FROM budget_charges WHERE ctid IN \
      (SELECT ctid FROM budget_charges WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)";
-
-/// Migration 7: budget keys and their charges.
-pub(super) const MIGRATION: &str = r#"
-CREATE TABLE budget_keys (
-    tenant_id TEXT COLLATE "C" NOT NULL,
-    budget TEXT COLLATE "C" NOT NULL,
-    key TEXT COLLATE "C" NOT NULL,
-    version BIGINT NOT NULL CHECK (version >= 1),
-    PRIMARY KEY (tenant_id, budget, key)
-);
-CREATE TABLE budget_charges (
-    tenant_id TEXT COLLATE "C" NOT NULL,
-    budget TEXT COLLATE "C" NOT NULL,
-    key TEXT COLLATE "C" NOT NULL,
-    idempotency_key TEXT COLLATE "C" NOT NULL,
-    amount BIGINT NOT NULL CHECK (amount >= 0),
-    charged_at BIGINT NOT NULL,
-    expires_at BIGINT NOT NULL,
-    released_at BIGINT,
-    PRIMARY KEY (tenant_id, budget, key, idempotency_key)
-);
-CREATE INDEX budget_charges_window ON budget_charges (tenant_id, budget, key, charged_at);
-CREATE INDEX budget_charges_of_call ON budget_charges (tenant_id, idempotency_key);
-CREATE INDEX budget_charges_expiry ON budget_charges (expires_at);
-"#;

@@ -84,7 +84,7 @@ CREATE TABLE ledger_ticket_keys (
 DROP SEQUENCE ledger_fencing;
 "#,
     // Budget keys and their charges (DESIGN §13.1).
-    super::budgets::MIGRATION,
+    BUDGETS,
 ];
 
 /// Entities and the parent edges the ancestor walk follows; a parent edge
@@ -170,3 +170,28 @@ pub(super) async fn migrate(mut client: Object) -> Result<(), Failure> {
     tx.commit().await?;
     Ok(())
 }
+
+/// Migration 7: budget keys and their charges.
+const BUDGETS: &str = r#"
+CREATE TABLE budget_keys (
+    tenant_id TEXT COLLATE "C" NOT NULL,
+    budget TEXT COLLATE "C" NOT NULL,
+    key TEXT COLLATE "C" NOT NULL,
+    version BIGINT NOT NULL CHECK (version >= 1),
+    PRIMARY KEY (tenant_id, budget, key)
+);
+CREATE TABLE budget_charges (
+    tenant_id TEXT COLLATE "C" NOT NULL,
+    budget TEXT COLLATE "C" NOT NULL,
+    key TEXT COLLATE "C" NOT NULL,
+    idempotency_key TEXT COLLATE "C" NOT NULL,
+    amount BIGINT NOT NULL CHECK (amount >= 0),
+    charged_at BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL,
+    released_at BIGINT,
+    PRIMARY KEY (tenant_id, budget, key, idempotency_key)
+);
+CREATE INDEX budget_charges_window ON budget_charges (tenant_id, budget, key, charged_at);
+CREATE INDEX budget_charges_of_call ON budget_charges (tenant_id, idempotency_key);
+CREATE INDEX budget_charges_expiry ON budget_charges (expires_at);
+"#;
