@@ -333,3 +333,71 @@ async fn a_batch_is_charged_in_request_order() {
     );
     server.stop().await;
 }
+
+/// SIGKILL while refunds are being decided and charged, then a restart on
+/// the same file: every refund answered ALLOW before the kill holds its
+/// charge (none lost), and every refund sent, asked again with its key
+/// after the restart, is allowed and charged exactly once (none twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kill_between_charge_and_answer_loses_no_charge_and_charges_nothing_twice() {
+    const CLIENTS: usize = 8;
+    const MOST: usize = 400;
+    const CENTS: i64 = 100;
+    let (_policies, policies) = examples_with_refund_budget(crate::support::GENEROUS);
+    let dir = tempfile::tempdir().unwrap();
+    let sidecar = Sidecar::start_with_policies(dir.path(), &policies, &identity_args());
+    let channel = sidecar.channel().await;
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let mut client = AuthorizationServiceClient::new(channel.clone());
+            tokio::spawn(async move {
+                let (mut sent, mut allowed) = (Vec::new(), 0_usize);
+                for n in 0..MOST {
+                    let i = c * MOST + n;
+                    sent.push(i);
+                    let asked = client.authorize(refund("crash-bot", i, 100));
+                    match tokio::time::timeout(Duration::from_secs(10), asked).await {
+                        Ok(Ok(r)) if r.get_ref().decision() == Decision::Allow => allowed += 1,
+                        Ok(Ok(r)) => panic!("refund {i}: {:?}", r.into_inner().error),
+                        // The sidecar is gone.
+                        Ok(Err(_)) | Err(_) => break,
+                    }
+                }
+                (sent, allowed)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    sidecar.kill();
+    let (mut sent, mut allowed) = (Vec::new(), 0);
+    for task in tasks {
+        let (s, a) = task.await.unwrap();
+        sent.extend(s);
+        allowed += a;
+    }
+    assert!(allowed > 0, "no refund was decided before the kill");
+    assert!(allowed < CLIENTS * MOST, "the kill came after every refund");
+
+    let sidecar = Sidecar::start_with_policies(dir.path(), &policies, &identity_args());
+    let store = SqliteStore::open(&dir.path().join("toolgate.db")).unwrap();
+    let before = charged(&store, "crash-bot").await;
+    let (allowed, sent_n) = (
+        i64::try_from(allowed).unwrap(),
+        i64::try_from(sent.len()).unwrap(),
+    );
+    assert!(
+        (allowed * CENTS..=sent_n * CENTS).contains(&before),
+        "{before} charged for {allowed} allowed of {sent_n} sent"
+    );
+    let mut client = AuthorizationServiceClient::new(sidecar.channel().await);
+    for &i in &sent {
+        let r = client
+            .authorize(refund("crash-bot", i, 100))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.decision(), Decision::Allow, "refund {i}: {:?}", r.error);
+    }
+    assert_eq!(charged(&store, "crash-bot").await, sent_n * CENTS);
+    sidecar.kill();
+}
