@@ -2,6 +2,7 @@
 //! the stages give: each envelope built in one place, its code, message
 //! and details as the wire has always carried them.
 
+use crate::approvals::ApprovalRecord;
 use crate::budgets::MeterRefusal;
 use crate::envelope::{Envelope, ErrorCode, ExecutorError, echo};
 use crate::policy::{DecideError, PolicyDecision};
@@ -142,4 +143,27 @@ pub(super) fn not_allowed_once_approved(decision: PolicyDecision) -> Envelope {
         PolicyDecision::ApprovalRequired { .. } => forbidden(None),
         PolicyDecision::Errored { .. } | PolicyDecision::Allow { .. } => policy_errored(),
     }
+}
+
+pub(super) fn approval_envelope(code: ErrorCode, record: &ApprovalRecord) -> Envelope {
+    let message = match code {
+        ErrorCode::ApprovalPending => "the approval is still pending",
+        ErrorCode::ApprovalRejected => "the approval was rejected",
+        ErrorCode::ApprovalExpired => "the approval has expired",
+        ErrorCode::ApprovalMismatch => "the approval was granted for a different call",
+        ErrorCode::ApprovalConsumed => "the approval was already used by another operation",
+        _ => "the approval cannot be used",
+    };
+    Envelope::new(code, message).with("approval_id", record.approval_id.clone())
+}
+
+/// `approval_consumed` for a gateway request after the one its approval
+/// allowed (DESIGN §11.3), the same idempotency key included.
+pub(super) fn used_at_gateway(record: &ApprovalRecord) -> Envelope {
+    Envelope::new(
+        ErrorCode::ApprovalConsumed,
+        "the approval allowed one request, which was made; a new approval is needed to run the call again",
+    )
+    .with("approval_id", record.approval_id.clone())
+    .with("reason", "single_use")
 }

@@ -4,8 +4,9 @@
 
 use serde_json::Value;
 
+use super::refusal::{approval_envelope, used_at_gateway};
 use super::refusal::{forbidden, policy_errored};
-use super::{Hashed, ToolCallAuthorizer, approval_envelope, used_at_gateway};
+use super::{Hashed, ToolCallAuthorizer};
 use crate::approvals::{ApprovalEventKind, ApprovalRecord};
 use crate::budgets::Meter;
 use crate::clock::UnixMillis;
