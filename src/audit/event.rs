@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::budgets::Seen;
+use crate::budgets::{Seen, SessionSeen};
 use crate::identity::Caller;
 
 /// What the audit log keeps of one decision: ids, hashes, the verdict and
@@ -48,6 +48,9 @@ pub struct DecisionAudit<'a> {
     /// §13.3): written, with whether it charged them, only when non-empty.
     pub budgets: &'a [Seen],
     pub charged: bool,
+    /// What the decision saw of its session (DESIGN §13.2: labels, tools,
+    /// calls), written as `session_state` only when a policy read it.
+    pub session: Option<&'a SessionSeen>,
 }
 
 /// What a refused gateway request's event says (see
@@ -174,6 +177,10 @@ impl AuditEvent {
             event
         } else {
             event.with("budgets", d.budgets).with("charged", d.charged)
+        };
+        let event = match d.session {
+            Some(seen) => event.with("session_state", seen),
+            None => event,
         };
         event.with("latency_us", micros(latency))
     }
@@ -420,6 +427,7 @@ mod tests {
             action: "",
             budgets: &[],
             charged: false,
+            session: None,
         };
         let line = AuditEvent::decision(&d, Duration::from_micros(42)).into_line();
         let (time, rest) = line

@@ -269,6 +269,7 @@ fn outcome(decision: crate::decision::Decision) -> crate::decision::AuthorizeOut
         policies: Vec::new(),
         principal: None,
         budgets: Vec::new(),
+        session: None,
         charged: false,
     }
 }

@@ -20,10 +20,12 @@
 //! | `limit` | yes | an integer from 0, shown to policies; toolgate never compares |
 
 mod charge;
+mod session;
 
 pub use charge::{
     BudgetKey, Charge, Meter, MeterRefusal, Seen, Usage, amount, charges, key_text, meters, seen,
 };
+pub use session::{SessionRecord, SessionSeen, SessionState, SessionUse, session_key};
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs;

@@ -285,7 +285,7 @@ impl Config {
 
     fn from_raw(raw: RawConfig, o: Overrides) -> Result<Self, ConfigError> {
         let listen = listen_addr(o.listen.or(raw.listen))?;
-        let authorizer = authorizer_config(&raw.limits, &raw.decisions)?;
+        let authorizer = authorizer_config(&raw.limits, &raw.decisions, &raw.sessions)?;
         let metrics_listen = o
             .metrics_listen
             .or(raw.metrics_listen)

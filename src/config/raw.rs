@@ -45,6 +45,15 @@ pub(super) struct RawConfig {
     pub(super) ext_authz: RawExtAuthz,
     #[serde(default)]
     pub(super) console: RawConsole,
+    #[serde(default)]
+    pub(super) sessions: RawSessions,
+}
+
+/// `[sessions]`: how long an idle session's labels are kept (DESIGN §13.2).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSessions {
+    pub(super) idle_seconds: Option<u64>,
 }
 
 /// `[console]`: the approval console.

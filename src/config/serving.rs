@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::raw::{RawDecisions, RawLimits};
+use super::raw::{RawDecisions, RawLimits, RawSessions};
 use super::{ConfigError, DEFAULT_LISTEN, ListenAddr, invalid};
 use crate::decision::AuthorizerConfig;
 use crate::decode::Limits;
@@ -32,10 +32,11 @@ pub(super) fn listen_addr(listen: Option<String>) -> Result<ListenAddr, ConfigEr
     })
 }
 
-/// `[limits]`' argument and entity limits and `[decisions]`.
+/// `[limits]`' argument and entity limits, `[decisions]` and `[sessions]`.
 pub(super) fn authorizer_config(
     limits: &RawLimits,
     decisions: &RawDecisions,
+    sessions: &RawSessions,
 ) -> Result<AuthorizerConfig, ConfigError> {
     let mut authorizer = AuthorizerConfig::default();
     let defaults = Limits::default();
@@ -92,6 +93,15 @@ pub(super) fn authorizer_config(
             Some(n) => *slot = n,
             None => {}
         }
+    }
+    if let Some(s) = sessions.idle_seconds {
+        if s == 0 || s > crate::budgets::MAX_WINDOW_SECONDS {
+            return Err(ConfigError::Invalid {
+                key: "sessions.idle_seconds",
+                reason: format!("must be 1 to {}", crate::budgets::MAX_WINDOW_SECONDS),
+            });
+        }
+        authorizer.session_idle = Duration::from_secs(s);
     }
     if let Some(n) = decisions.max_violations {
         authorizer.violation_cap = n.max(1);

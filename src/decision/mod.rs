@@ -46,6 +46,9 @@ pub struct AuthorizerConfig {
     /// The bounds of the entity store: its requests and the ancestor walk
     /// a decision makes when the caller gives no `entities_json`.
     pub entity_store: crate::entities::EntityLimits,
+    /// How long a session idle is remembered (`[sessions] idle_seconds`,
+    /// DESIGN §13.2).
+    pub session_idle: Duration,
 }
 
 impl Default for AuthorizerConfig {
@@ -61,6 +64,7 @@ impl Default for AuthorizerConfig {
             pending_approval_ttl: Duration::from_secs(3600),
             pending_limits: crate::approvals::PendingLimits::default(),
             entity_store: crate::entities::EntityLimits::default(),
+            session_idle: Duration::from_secs(86_400),
         }
     }
 }

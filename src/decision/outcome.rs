@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use crate::access::TenantScope;
-use crate::budgets::Seen;
+use crate::budgets::{Seen, SessionSeen};
 use crate::clock::UnixMillis;
 use crate::envelope::Envelope;
 use crate::identity::Caller;
@@ -122,6 +122,9 @@ pub struct AuthorizeOutcome {
     /// What the decision saw of each budget counting the call (DESIGN
     /// §13.1), in name order: empty for a call no budget counts.
     pub budgets: Vec<Seen>,
+    /// What the decision saw of the call's session (DESIGN §13.2), when a
+    /// policy that may apply read it.
+    pub session: Option<SessionSeen>,
     /// Whether this decision charged the budgets (an ALLOW whose operation
     /// held no charge yet).
     pub charged: bool,

@@ -113,6 +113,7 @@ fn response(decided: DecidedCall) -> pb::AuthorizeResponse {
         policies: _,
         principal: _,
         budgets: _,
+        session: _,
         charged: _,
     } = o;
     pb::AuthorizeResponse {

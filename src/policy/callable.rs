@@ -305,7 +305,27 @@ impl ToolQuery {
                         .map(|s| RestrictedExpression::new_string(s.clone())),
                 ),
                 RestrictedExpression::new_string(caller.agent_id.clone()),
-                RestrictedExpression::new_string(caller.session_id.clone()),
+                // Partial evaluation knows the session's id, never what
+                // it touched: that is each call's own (DESIGN §13.2).
+                RestrictedExpression::new_record([
+                    (
+                        "id".to_owned(),
+                        RestrictedExpression::new_string(caller.session_id.clone()),
+                    ),
+                    (
+                        "labels".to_owned(),
+                        RestrictedExpression::new_unknown("session_labels"),
+                    ),
+                    (
+                        "tools".to_owned(),
+                        RestrictedExpression::new_unknown("session_tools"),
+                    ),
+                    (
+                        "calls".to_owned(),
+                        RestrictedExpression::new_unknown("session_calls"),
+                    ),
+                ])
+                .map_err(DecideError::request)?,
             ),
         };
         let pairs = [

@@ -82,6 +82,7 @@ fn decide(
             entities: Some(entities),
             approved: false,
             budgets: &engine.unspent_budgets(&tool.name),
+            session: None,
         })
         .unwrap()
 }
@@ -235,7 +236,7 @@ fn the_examples_show_exactly_what_a_call_can_be_allowed_for() {
 fn every_example_tool_depends_on_the_principal() {
     let engine = examples();
     let settled: Vec<Option<bool>> = engine.callable.tools.iter().map(|q| q.settled).collect();
-    assert_eq!(settled, vec![None; 6]);
+    assert_eq!(settled, vec![None; 7]);
 }
 
 fn with_policy(text: &str) -> PolicyEngine {
@@ -332,6 +333,7 @@ forbid (principal, action == Action::"send_email", resource);
         vec![
             ("delete_account".into(), None),
             ("get_order".into(), None),
+            ("read_secret".into(), None),
             ("refund_order".into(), None),
             ("search_docs".into(), Some(true)),
             ("send_email".into(), Some(false)),

@@ -11,7 +11,7 @@ use super::PolicyEngine;
 use super::parts::{DecideError, InvalidEntities, uid};
 use super::slice::{Evaluation, evaluate};
 use super::values;
-use crate::budgets::Seen;
+use crate::budgets::{Seen, SessionSeen};
 use crate::identity::Caller;
 use crate::tools::ToolContract;
 
@@ -30,6 +30,10 @@ pub struct ToolCall<'a> {
     /// call's charge and the limit (DESIGN §13.1); empty for a tool no
     /// budget counts.
     pub budgets: &'a [Seen],
+    /// `context.session`'s `labels`, `tools` and `calls` (DESIGN §13.2):
+    /// `None` for a call whose session no policy reads, or without one
+    /// (empty sets, 0).
+    pub session: Option<&'a SessionSeen>,
 }
 
 /// The policy answer for one call.
@@ -243,7 +247,17 @@ fn context_json(call: &ToolCall<'_>, input: &Value, approved: bool) -> Value {
     c.insert("risk".into(), call.tool.risk.as_str().into());
     c.insert("approved".into(), approved.into());
     c.insert("agent".into(), call.caller.agent_id.clone().into());
-    c.insert("session".into(), call.caller.session_id.clone().into());
+    let empty = SessionSeen::default();
+    let seen = call.session.unwrap_or(&empty);
+    c.insert(
+        "session".into(),
+        serde_json::json!({
+            "id": call.caller.session_id,
+            "labels": seen.labels,
+            "tools": seen.tools,
+            "calls": seen.calls,
+        }),
+    );
     if !call.budgets.is_empty() {
         let budgets: Map<String, Value> = call
             .budgets
@@ -298,10 +312,7 @@ impl PolicyEngine {
                 "agent".to_owned(),
                 RestrictedExpression::new_string(call.caller.agent_id.clone()),
             ),
-            (
-                "session".to_owned(),
-                RestrictedExpression::new_string(call.caller.session_id.clone()),
-            ),
+            ("session".to_owned(), session_record(call)?),
             ("input".to_owned(), input),
         ];
         let mut budgets = None;
@@ -322,6 +333,29 @@ impl PolicyEngine {
         }
         Context::from_pairs(pairs.into_iter().chain(budgets)).map_err(DecideError::request)
     }
+}
+
+/// `context.session` of a call: its id, and what its session touched
+/// before it (nothing for a call whose session no policy reads).
+fn session_record(call: &ToolCall<'_>) -> Result<RestrictedExpression, DecideError> {
+    let strings = |set: &std::collections::BTreeSet<String>| {
+        RestrictedExpression::new_set(set.iter().cloned().map(RestrictedExpression::new_string))
+    };
+    let empty = SessionSeen::default();
+    let seen = call.session.unwrap_or(&empty);
+    RestrictedExpression::new_record([
+        (
+            "id".to_owned(),
+            RestrictedExpression::new_string(call.caller.session_id.clone()),
+        ),
+        ("labels".to_owned(), strings(&seen.labels)),
+        ("tools".to_owned(), strings(&seen.tools)),
+        (
+            "calls".to_owned(),
+            RestrictedExpression::new_long(seen.calls),
+        ),
+    ])
+    .map_err(DecideError::request)
 }
 
 /// What the two questions on an approval know of it: the attributes of
@@ -499,6 +533,7 @@ when { Action::"delete_account" in Action::"risk:destructive" && Tool::"search_d
                 entities: Some(&entities),
                 approved: false,
                 budgets: &engine.unspent_budgets(&tool.name),
+                session: None,
             })
             .unwrap();
         assert_eq!(
@@ -528,6 +563,7 @@ when { Action::"delete_account" in Action::"risk:destructive" && Tool::"search_d
                 entities: Some(&entities),
                 approved: false,
                 budgets: &engine.unspent_budgets(&tool.name),
+                session: None,
             })
         };
         let regrouped = decide(json!({"uid": {"type": "Action", "id": "refund_order"},

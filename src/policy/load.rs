@@ -199,11 +199,13 @@ impl PolicyEngine {
         let callable = CallableIndex::build(&tools, &budgets, &policies, &static_entities)
             .map_err(|e| LoadErrors::one(dir, SourceDiagnostic::whole_file(dir, e.to_string())))?;
 
+        let sessions = super::sessions::build(&tools, &policies);
         hashed.extend(sources);
         let version = version_of(dir, &hashed);
         Ok(Self {
             tools,
             budgets,
+            sessions,
             schema,
             policies,
             static_entities,

@@ -32,6 +32,7 @@ mod principals;
 mod reach;
 mod reload;
 pub mod schema;
+mod sessions;
 mod slice;
 mod stored;
 mod values;
@@ -57,7 +58,9 @@ use self::principals::PrincipalBases;
 use self::reach::RequestBases;
 use self::slice::PolicySlices;
 
-use crate::budgets::Budgets;
+use std::collections::HashMap;
+
+use crate::budgets::{Budgets, SessionUse};
 use crate::tools::ToolRegistry;
 
 /// A loaded, validated policy deployment. Immutable: a reload builds a new one.
@@ -65,6 +68,9 @@ pub struct PolicyEngine {
     tools: ToolRegistry,
     /// The budgets of DESIGN §13.1, and per tool the ones that count it.
     budgets: Budgets,
+    /// Per tool, how its calls use their session (DESIGN §13.2); a tool
+    /// absent uses none.
+    sessions: HashMap<String, SessionUse>,
     schema: Schema,
     /// Every policy, and per action the slice a decision evaluates.
     policies: PolicySlices,
@@ -99,6 +105,13 @@ impl PolicyEngine {
     #[must_use]
     pub fn budgets(&self) -> &Budgets {
         &self.budgets
+    }
+
+    /// How calls of `tool` use their session (DESIGN §13.2): neither read
+    /// nor added to for a tool no policy or label concerns.
+    #[must_use]
+    pub fn session_use(&self, tool: &str) -> SessionUse {
+        self.sessions.get(tool).copied().unwrap_or_default()
     }
 
     /// `context.budgets` of a call of `tool` when nothing was charged yet

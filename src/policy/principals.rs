@@ -174,6 +174,7 @@ mod tests {
             entities: Some(entities),
             approved: false,
             budgets: &engine.unspent_budgets(&tool.name),
+            session: None,
         })
     }
 

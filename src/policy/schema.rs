@@ -42,8 +42,10 @@ pub fn core_fragment() -> String {
     s
 }
 
-/// One action per tool, each a member of its risk group. A tool some budget counts also gets `context.budgets`, one record per
-/// counting budget (DESIGN §13.1).
+/// One action per tool, each a member of its risk group, its context
+/// `session` the session's id and what it touched (DESIGN §13.2). A tool
+/// some budget counts also gets `context.budgets`, one record per counting
+/// budget (DESIGN §13.1).
 #[must_use]
 pub fn tool_actions_fragment<'a>(
     tools: impl Iterator<Item = &'a ToolContract>,
@@ -72,7 +74,7 @@ pub fn tool_actions_fragment<'a>(
         render_type(&mut input, &tool.input_type, 2);
         let _ = write!(
             s,
-            "action {name} in [Action::{group}] appliesTo {{\n  principal: [User],\n  resource: [{resource}],\n  context: {{\n    scopes: Set<String>,\n    risk: String,\n    approved: Bool,\n    agent: String,\n    session: String,\n{counted}    input: {input}\n  }}\n}};\n",
+            "action {name} in [Action::{group}] appliesTo {{\n  principal: [User],\n  resource: [{resource}],\n  context: {{\n    scopes: Set<String>,\n    risk: String,\n    approved: Bool,\n    agent: String,\n    session: {{ id: String, labels: Set<String>, tools: Set<String>, calls: Long }},\n{counted}    input: {input}\n  }}\n}};\n",
             name = quote(&tool.name),
             group = quote(&risk_group(tool.risk)),
         );

@@ -25,6 +25,9 @@ mod entity_suite;
 mod gateway_suite;
 #[cfg(test)]
 mod machine_suite;
+mod session_rows;
+#[cfg(test)]
+mod session_suite;
 #[cfg(test)]
 mod suite;
 
@@ -40,7 +43,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::approvals::{ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval};
-use crate::budgets::{BudgetKey, Charge, Usage};
+use crate::budgets::{BudgetKey, Charge, SessionRecord, SessionState, Usage};
 use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{
@@ -439,6 +442,42 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         idempotency_key: &str,
         now: UnixMillis,
     ) -> Result<Vec<String>, StoreError>;
+
+    // ---- Sessions (DESIGN §13.2): what the calls allowed in a session touched.
+
+    /// The session `key` as it stands at `now`: the labels and tools of the
+    /// calls allowed in it and their count (the operation
+    /// `idempotency_key`'s own left out), its version, and whether that
+    /// operation is one of them. A session idle past its time is empty
+    /// (its version kept).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    async fn session_state(
+        &self,
+        tenant_id: &str,
+        key: &str,
+        idempotency_key: &str,
+        now: UnixMillis,
+    ) -> Result<SessionState, StoreError>;
+
+    /// Adds the allowed operation `idempotency_key` to its session, in one
+    /// transaction, only if the session's version is still the one its
+    /// decision read ([`SessionRecord::seen_version`], when it read one):
+    /// the labels and the tool joined, the count and the version moved,
+    /// the idle time restarted. An operation already in the session is not
+    /// added again (`Ok(true)`). `Ok(false)`, nothing written, when the
+    /// session moved.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is then written.
+    async fn record_session(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+        record: &SessionRecord,
+        now: UnixMillis,
+    ) -> Result<bool, StoreError>;
 
     /// Whether the database answers now (a trivial query, bounded like
     /// every call): what health reports.

@@ -61,6 +61,8 @@ macro_rules! store_suite {
             budget_charges_slide_out_of_their_window_and_count_once,
             a_budget_sum_past_the_ceiling_is_an_overflow,
             concurrent_charges_never_sum_above_what_each_decision_saw,
+            sessions_join_count_once_and_forget_when_idle,
+            concurrent_session_checks_never_pass_on_a_state_they_did_not_see,
         );
     };
     (@each $make:path; $($check:ident),* $(,)?) => {
@@ -92,6 +94,10 @@ pub use super::gateway_suite::{
     one_approval_runs_one_of_racing_gateway_and_executor_calls,
 };
 pub use super::machine_suite::approvals_follow_the_pure_rules;
+pub use super::session_suite::{
+    concurrent_session_checks_never_pass_on_a_state_they_did_not_see,
+    sessions_join_count_once_and_forget_when_idle,
+};
 
 /// Every result is valid: these tests are about persistence, not schemas.
 #[derive(Debug)]

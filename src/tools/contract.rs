@@ -106,6 +106,9 @@ pub struct ToolContract {
     pub resource: Option<ResourceRef>,
     /// JSON pointers redacted from audit logs and approval display.
     pub sensitive: Vec<String>,
+    /// What a session has touched once this tool was allowed in it (DESIGN
+    /// §13.2), each `^[a-z][a-z0-9_]{0,63}$`, sorted, no duplicates.
+    pub labels: Vec<String>,
     /// How long a granted approval stays usable, at least 1 (900 when absent).
     pub approval_ttl_seconds: u64,
     /// How many attempts the execution ledger allows one operation, at least 1; `None` when
@@ -210,6 +213,7 @@ pub(super) const CONTRACT_FIELDS: &[&str] = &[
     "timeoutMs",
     "resource",
     "sensitive",
+    "labels",
     "approvalTtlSeconds",
     "maxAttempts",
     "inputSchema",
@@ -244,6 +248,8 @@ struct RawContract {
     resource: Option<RawResource>,
     #[serde(default)]
     sensitive: Vec<String>,
+    #[serde(default)]
+    labels: Vec<String>,
     #[serde(default = "default_approval_ttl")]
     approval_ttl_seconds: u64,
     #[serde(default)]
@@ -392,6 +398,19 @@ impl Loader<'_> {
                 ));
             }
         }
+        let mut labels = raw.labels.clone();
+        for (index, label) in raw.labels.iter().enumerate() {
+            if !is_valid_label(label) {
+                return Err(self.error_at(
+                    &format!("/labels/{index}"),
+                    ToolContractErrorKind::InvalidLabel {
+                        label: label.clone(),
+                    },
+                ));
+            }
+        }
+        labels.sort();
+        labels.dedup();
         let input_validator = self.compile("inputSchema", &raw.input_schema)?;
         let output_validator = raw
             .output_schema
@@ -414,6 +433,7 @@ impl Loader<'_> {
             timeout_ms: raw.timeout_ms,
             resource,
             sensitive: raw.sensitive,
+            labels,
             approval_ttl_seconds: raw.approval_ttl_seconds,
             max_attempts: raw.max_attempts,
             input_schema_json: raw.input_schema,
@@ -498,6 +518,18 @@ pub(super) fn is_valid_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-')
+}
+
+/// Whether `label` is a session label (DESIGN §13.2): `^[a-z][a-z0-9_]{0,63}$`,
+/// the same rule as a budget's name.
+#[must_use]
+pub fn is_valid_label(label: &str) -> bool {
+    let bytes = label.as_bytes();
+    (1..=64).contains(&bytes.len())
+        && bytes.first().is_some_and(u8::is_ascii_lowercase)
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_')
 }
 
 /// Whether every value valid against `schema` has a string at `pointer`: each property along

@@ -186,6 +186,16 @@ pub enum ToolContractErrorKind {
         /// The name as written.
         name: String,
     },
+    /// A `labels` entry is not a label.
+    #[error("invalid label `{label}`")]
+    #[diagnostic(
+        code(toolgate::tools::invalid_label),
+        help("a label is 1 to 64 lowercase ASCII letters, digits or `_`, starting with a letter")
+    )]
+    InvalidLabel {
+        /// The label as written.
+        label: String,
+    },
     /// `risk` is not one of the five.
     #[error("unknown risk `{risk}`")]
     #[diagnostic(

@@ -133,7 +133,7 @@ fn load_error(text: &str, expected: &str) -> ToolContractError {
 }
 
 const ALL_FIELDS: &str = "`name`, `version`, `description`, `risk`, `idempotent`, `parallel`, \
-                          `timeoutMs`, `resource`, `sensitive`, `approvalTtlSeconds`, \
+                          `timeoutMs`, `resource`, `sensitive`, `labels`, `approvalTtlSeconds`, \
                           `maxAttempts`, `inputSchema`, `outputSchema`";
 
 #[test]
@@ -195,7 +195,7 @@ fn unknown_fields() {
     );
     assert!(matches!(
         error.kind(),
-        ToolContractErrorKind::UnknownField { field, expected } if field == "foo" && expected.len() == 13
+        ToolContractErrorKind::UnknownField { field, expected } if field == "foo" && expected.len() == 14
     ));
     let error = load_error(
         &edit(

@@ -26,7 +26,7 @@ fn check(dir: &Path) -> (i32, String) {
 fn check_accepts_the_example_policies() {
     let (code, text) = check(&example_policies());
     assert_eq!(code, 0, "{text}");
-    assert!(text.contains("ok: 6 tools"), "{text}");
+    assert!(text.contains("ok: 7 tools"), "{text}");
 }
 
 #[test]

@@ -5,10 +5,9 @@
 
 use super::budget::Budgeted;
 use super::refusal::{self, Stop, approval_envelope, used_at_gateway};
-use super::{Hashed, ToolCallAuthorizer};
+use super::{AcrossCalls, Hashed, ToolCallAuthorizer};
 use crate::approvals::machine::{self, Refusal};
 use crate::approvals::{self, ApprovalEventKind, ApprovalRecord, NewApproval};
-use crate::budgets::Meter;
 use crate::clock::UnixMillis;
 use crate::decision::outcome::{AuthorizeInput, AuthorizeOutcome, Decision, Door};
 use crate::envelope::{Envelope, ErrorCode, echo};
@@ -106,7 +105,7 @@ impl ToolCallAuthorizer {
         engine: &PolicyEngine,
         call: ToolCall<'_>,
         new: NewApproval,
-        (hashed, meters, from_store): (&Hashed<'_>, &[Meter], bool),
+        (hashed, across, from_store): (&Hashed<'_>, &AcrossCalls, bool),
         now: UnixMillis,
     ) -> AuthorizeOutcome {
         let idempotency_key = hashed.key.as_str();
@@ -115,9 +114,11 @@ impl ToolCallAuthorizer {
         // consumed (the same policy set said so a moment ago, on the same
         // budgets).
         let seen = out.budgets.clone();
+        let session = out.session.clone();
         let approved = ToolCall {
             approved: true,
             budgets: &seen,
+            session: session.as_ref(),
             ..call
         };
         let allowed_by = match engine.decide_tool_call(&approved) {
@@ -148,28 +149,37 @@ impl ToolCallAuthorizer {
                 out.approval = Some((record.approval_id, record.expires_at));
                 // The approved call is charged when allowed, on the
                 // budgets as they stand now.
-                let allowed_by = if meters.is_empty() {
+                let allowed_by = if across.is_empty() {
                     allowed_by
                 } else {
                     let approved = ToolCall {
                         budgets: &[],
+                        session: None,
                         ..approved
                     };
                     match self
-                        .decide_budgeted(engine, approved, meters, hashed, now, from_store)
+                        .decide_budgeted(engine, approved, across, hashed, now, from_store)
                         .await
                     {
                         Ok(Budgeted {
                             decision: PolicyDecision::Allow { policies },
                             seen,
+                            session,
                             charged,
                         }) => {
                             out.budgets = seen;
+                            out.session = session;
                             out.charged = charged;
                             policies
                         }
-                        Ok(Budgeted { decision, seen, .. }) => {
+                        Ok(Budgeted {
+                            decision,
+                            seen,
+                            session,
+                            ..
+                        }) => {
                             out.budgets = seen;
+                            out.session = session;
                             return out.deny(refusal::not_allowed_once_approved(decision));
                         }
                         Err(Stop::Deny(envelope)) => return out.deny(envelope),

@@ -89,6 +89,30 @@ pub struct CallableTools {
     pub policy_version: String,
 }
 
+/// What a call's decision depends on beyond the call (DESIGN §13): the
+/// budgets counting it and its session. Empty for a stateless call.
+#[derive(Debug, Default)]
+pub(super) struct AcrossCalls {
+    pub(super) meters: Vec<crate::budgets::Meter>,
+    /// The caller's session, when the call has one and the set reads or
+    /// adds to it.
+    pub(super) session: Option<SessionNeed>,
+}
+
+/// How one call meets its session (DESIGN §13.2).
+#[derive(Debug)]
+pub(super) struct SessionNeed {
+    pub(super) key: String,
+    pub(super) uses: crate::budgets::SessionUse,
+}
+
+impl AcrossCalls {
+    /// Whether the decision needs the store for anything of §13.
+    pub(super) fn is_empty(&self) -> bool {
+        self.meters.is_empty() && self.session.is_none()
+    }
+}
+
 /// What the pipeline knows of a call after hashing: shared by every answer from there on.
 struct Hashed<'a> {
     tool: &'a ToolContract,
@@ -318,6 +342,7 @@ impl ToolCallAuthorizer {
             policies: Vec::new(),
             principal: None,
             budgets: Vec::new(),
+            session: None,
             charged: false,
         };
         let caller = match principal {
@@ -360,7 +385,7 @@ impl ToolCallAuthorizer {
         out: &mut AuthorizeOutcome,
     ) -> Result<Judged<'e>, Stop> {
         let hashed = self.the_call(input, engine, caller, out)?;
-        let meters = Self::meters(engine, &hashed, caller)?;
+        let across = Self::across(engine, &hashed, caller)?;
         let from_store = entities.is_none();
         let entities = self
             .entities_of(hashed.tool, &hashed.args, caller, entities)
@@ -374,15 +399,18 @@ impl ToolCallAuthorizer {
             entities: entities.as_ref(),
             approved: approval.is_some(),
             budgets: &[],
+            session: None,
         };
         let Budgeted {
             decision,
             seen,
+            session,
             charged,
         } = self
-            .decide_budgeted(engine, call, &meters, &hashed, now, from_store)
+            .decide_budgeted(engine, call, &across, &hashed, now, from_store)
             .await?;
         out.budgets = seen;
+        out.session = session;
         out.charged = charged;
         Ok(Judged {
             hashed,
@@ -390,7 +418,7 @@ impl ToolCallAuthorizer {
             approval,
             decision,
             now,
-            meters,
+            across,
             from_store,
         })
     }
@@ -514,6 +542,7 @@ fn audited<'a>(input: &'a AuthorizeInput, outcome: &'a AuthorizeOutcome) -> Deci
         action: &input.action,
         budgets: &outcome.budgets,
         charged: outcome.charged,
+        session: outcome.session.as_ref(),
     }
 }
 

@@ -6,9 +6,8 @@ use serde_json::Value;
 
 use super::refusal::{approval_envelope, used_at_gateway};
 use super::refusal::{forbidden, policy_errored};
-use super::{Hashed, ToolCallAuthorizer};
+use super::{AcrossCalls, Hashed, ToolCallAuthorizer};
 use crate::approvals::{ApprovalEventKind, ApprovalRecord};
-use crate::budgets::Meter;
 use crate::clock::UnixMillis;
 use crate::decision::outcome::{AuthorizeInput, AuthorizeOutcome, Decision, Door};
 use crate::envelope::{Envelope, ErrorCode};
@@ -23,8 +22,8 @@ pub(super) struct Judged<'e> {
     pub(super) approval: Option<ApprovalRecord>,
     pub(super) decision: PolicyDecision,
     pub(super) now: UnixMillis,
-    /// The budgets counting the call (none: stateless).
-    pub(super) meters: Vec<Meter>,
+    /// The budgets counting the call and its session (none: stateless).
+    pub(super) across: AcrossCalls,
     /// The entities came from the entity store.
     pub(super) from_store: bool,
 }
@@ -44,7 +43,7 @@ impl ToolCallAuthorizer {
             approval,
             decision,
             now,
-            meters,
+            across,
             from_store,
         } = judged;
         let tool = hashed.tool;
@@ -74,6 +73,7 @@ impl ToolCallAuthorizer {
                         entities: entities.as_ref(),
                         approved: false,
                         budgets: &[],
+                        session: None,
                     };
                     return self
                         .gateway_approval(
@@ -81,7 +81,7 @@ impl ToolCallAuthorizer {
                             engine,
                             call,
                             new,
-                            (&hashed, &meters, from_store),
+                            (&hashed, &across, from_store),
                             now,
                         )
                         .await;

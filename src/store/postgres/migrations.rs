@@ -85,6 +85,8 @@ DROP SEQUENCE ledger_fencing;
 "#,
     // Budget keys and their charges (DESIGN §13.1).
     BUDGETS,
+    // Sessions and the calls allowed in them (DESIGN §13.2).
+    SESSIONS,
 ];
 
 /// Entities and the parent edges the ancestor walk follows; a parent edge
@@ -194,4 +196,29 @@ CREATE TABLE budget_charges (
 CREATE INDEX budget_charges_window ON budget_charges (tenant_id, budget, key, charged_at);
 CREATE INDEX budget_charges_of_call ON budget_charges (tenant_id, idempotency_key);
 CREATE INDEX budget_charges_expiry ON budget_charges (expires_at);
+"#;
+
+/// Migration 7 (schema version 7): sessions and the calls allowed in them.
+const SESSIONS: &str = r#"
+CREATE TABLE sessions (
+    tenant_id TEXT COLLATE "C" NOT NULL,
+    key TEXT COLLATE "C" NOT NULL,
+    labels TEXT NOT NULL,
+    tools TEXT NOT NULL,
+    calls BIGINT NOT NULL CHECK (calls >= 0),
+    version BIGINT NOT NULL CHECK (version >= 0),
+    expires_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, key)
+);
+CREATE INDEX sessions_expiry ON sessions (expires_at);
+CREATE TABLE session_calls (
+    tenant_id TEXT COLLATE "C" NOT NULL,
+    key TEXT COLLATE "C" NOT NULL,
+    idempotency_key TEXT COLLATE "C" NOT NULL,
+    tool TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    expires_at BIGINT NOT NULL,
+    PRIMARY KEY (tenant_id, key, idempotency_key)
+);
+CREATE INDEX session_calls_expiry ON session_calls (expires_at);
 "#;

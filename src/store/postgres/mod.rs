@@ -62,7 +62,7 @@ use super::{
 use crate::approvals::{
     ApprovalEventKind, ApprovalEvents, ApprovalRecord, ApprovalStatus, NewApproval, PendingScope,
 };
-use crate::budgets::{BudgetKey, Charge, Usage};
+use crate::budgets::{BudgetKey, Charge, SessionRecord, SessionState, Usage};
 use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled, TicketKey};
@@ -73,6 +73,7 @@ mod gateway;
 mod migrations;
 mod relay;
 mod rows;
+mod sessions;
 #[cfg(test)]
 mod tests;
 mod tls;
@@ -618,6 +619,30 @@ impl Store for PostgresStore {
         .await
     }
 
+    async fn session_state(
+        &self,
+        tenant_id: &str,
+        key: &str,
+        idempotency_key: &str,
+        now: UnixMillis,
+    ) -> Result<SessionState, StoreError> {
+        self.run(|client| async move {
+            sessions::state(&client, tenant_id, key, idempotency_key, now).await
+        })
+        .await
+    }
+
+    async fn record_session(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+        record: &SessionRecord,
+        now: UnixMillis,
+    ) -> Result<bool, StoreError> {
+        self.run(|client| sessions::record(client, tenant_id, idempotency_key, record, now))
+            .await
+    }
+
     async fn budget_usage(
         &self,
         tenant_id: &str,
@@ -712,6 +737,13 @@ impl Store for PostgresStore {
             client
                 .execute(&charges, &[&collect.updated_at_or_before, &limit])
                 .await?;
+            // Sessions idle since as long ago are forgotten.
+            for collect_sessions in [sessions::COLLECT_SESSIONS, sessions::COLLECT_CALLS] {
+                let stmt = client.prepare_cached(collect_sessions).await?;
+                client
+                    .execute(&stmt, &[&collect.updated_at_or_before, &limit])
+                    .await?;
+            }
             Ok(usize::try_from(n).unwrap_or(usize::MAX))
         })
         .await

@@ -23,7 +23,7 @@ use super::{
     StoreError,
 };
 use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval, machine};
-use crate::budgets::{BudgetKey, Charge, Usage};
+use crate::budgets::{BudgetKey, Charge, SessionRecord, SessionState, Usage};
 use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled, TicketKey};
@@ -34,6 +34,7 @@ mod executions;
 mod gateway;
 mod group;
 mod schema;
+mod sessions;
 
 use approvals::{approval_from_row, lapse_pending_of_call, pending_in, read_approval};
 use executions::{COLLECT_EXECUTIONS, apply_transition, read_execution};
@@ -131,8 +132,62 @@ impl group::Step for ChargeStep {
     }
 }
 
+/// A call added to its session, run by the one writer (see [`sessions::record`]).
+struct RecordStep {
+    tenant_id: String,
+    idempotency_key: String,
+    record: SessionRecord,
+    now: UnixMillis,
+}
+
+impl group::Step for RecordStep {
+    type Answer = bool;
+
+    fn run(&self, tx: &Connection) -> Result<bool, StoreError> {
+        sessions::record(
+            tx,
+            &self.tenant_id,
+            &self.idempotency_key,
+            &self.record,
+            self.now,
+        )
+    }
+}
+
 #[async_trait]
 impl Store for SqliteStore {
+    async fn session_state(
+        &self,
+        tenant_id: &str,
+        key: &str,
+        idempotency_key: &str,
+        now: UnixMillis,
+    ) -> Result<SessionState, StoreError> {
+        let (tenant_id, key, idempotency_key) = (
+            tenant_id.to_owned(),
+            key.to_owned(),
+            idempotency_key.to_owned(),
+        );
+        self.with(move |conn| sessions::state(conn, &tenant_id, &key, &idempotency_key, now))
+            .await
+    }
+
+    async fn record_session(
+        &self,
+        tenant_id: &str,
+        idempotency_key: &str,
+        record: &SessionRecord,
+        now: UnixMillis,
+    ) -> Result<bool, StoreError> {
+        let step = RecordStep {
+            tenant_id: tenant_id.to_owned(),
+            idempotency_key: idempotency_key.to_owned(),
+            record: record.clone(),
+            now,
+        };
+        self.batched(step).await
+    }
+
     async fn budget_usage(
         &self,
         tenant_id: &str,
@@ -214,6 +269,8 @@ impl Store for SqliteStore {
             )?;
             // Charges whose window ended as long ago count for nothing.
             budgets::collect(&tx, collect.updated_at_or_before, limit)?;
+            // Sessions idle since as long ago are forgotten.
+            sessions::collect(&tx, collect.updated_at_or_before, limit)?;
             tx.commit()?;
             Ok(n)
         })

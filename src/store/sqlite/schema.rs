@@ -76,6 +76,8 @@ CREATE INDEX approvals_by_call ON approvals
     LEDGER_SECRETS,
     // Budget keys and their charges (DESIGN §13.1).
     super::budgets::MIGRATION,
+    // Sessions and the calls allowed in them (DESIGN §13.2).
+    super::sessions::MIGRATION,
 ];
 
 /// Migration 6: the ticket keys, versioned for rotation; the fencing

@@ -94,7 +94,7 @@ async fn a_version_1_file_is_migrated_and_keeps_its_approvals() {
         .unwrap()
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 7);
+    assert_eq!(version, 8);
     assert_eq!(
         store
             .get_approval("t1", "a1")
@@ -128,7 +128,7 @@ async fn reopening_keeps_the_data_and_refuses_a_newer_schema() {
         SqliteStore::open(&path),
         Err(StoreError::SchemaTooNew {
             found: 99,
-            known: 7
+            known: 8
         })
     ));
 }
