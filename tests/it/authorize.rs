@@ -654,6 +654,7 @@ async fn list_tools_is_in_name_order_with_schemas() {
         vec![
             "delete_account",
             "get_order",
+            "read_secret",
             "refund_order",
             "search_docs",
             "send_email",

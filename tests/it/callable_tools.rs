@@ -37,6 +37,7 @@ fn witness(tool: &str) -> &'static str {
     match tool {
         "delete_account" => r#"{"customer_id":"cus_alice","confirm":true,"reason":"asked to"}"#,
         "get_order" => r#"{"order_id":"ord_1001"}"#,
+        "read_secret" => r#"{"name":"shop_api_key"}"#,
         "refund_order" => {
             r#"{"order_id":"ord_1001","amount_cents":2500,"currency":"USD","reason":"late"}"#
         }
@@ -109,7 +110,7 @@ async fn list_tools_with_auth_lists_exactly_what_a_call_can_be_allowed_for() {
 
     let everything = list(&mut client, None).await.unwrap();
     assert_eq!(names(&everything), all_tools());
-    assert_eq!(everything.tools.len(), 6);
+    assert_eq!(everything.tools.len(), 7);
     assert_eq!(everything.tools[0].version, "1.0.0");
 
     // Bob, a support agent without `accounts:delete`: everything but deleting.
