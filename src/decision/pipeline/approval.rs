@@ -172,15 +172,10 @@ impl ToolCallAuthorizer {
                             out.charged = charged;
                             policies
                         }
-                        Ok(Budgeted {
-                            decision,
-                            seen,
-                            session,
-                            ..
-                        }) => {
-                            out.budgets = seen;
-                            out.session = session;
-                            return out.deny(refusal::not_allowed_once_approved(decision));
+                        Ok(other) => {
+                            out.budgets = other.seen;
+                            out.session = other.session;
+                            return out.deny(refusal::not_allowed_once_approved(other.decision));
                         }
                         Err(Stop::Deny(envelope)) => return out.deny(envelope),
                         Err(Stop::Executor(e)) => {
