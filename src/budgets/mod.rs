@@ -185,13 +185,11 @@ struct RawMeasure {
     pointer: String,
 }
 
-/// Whether `name` is a budget name: `^[a-z][a-z0-9_]{0,63}$`.
+/// Whether `name` is a budget name: `^[a-z][a-z0-9_]{0,63}$`, the rule of
+/// a session label ([`crate::tools::is_valid_label`]).
 #[must_use]
 pub fn is_name(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    bytes.next().is_some_and(|b| b.is_ascii_lowercase())
-        && name.len() <= 64
-        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    crate::tools::is_valid_label(name)
 }
 
 /// Reads the budget in `text` (the file at `path`) against the loaded

@@ -85,7 +85,7 @@ mod registry;
 mod schema;
 pub(crate) mod source;
 
-pub use contract::{ResourceRef, Risk, ToolContract};
+pub use contract::{ResourceRef, Risk, ToolContract, is_valid_label};
 pub use contract_error::{
     ResourceIdProblem, SourceLocation, ToolContractError, ToolContractErrorKind,
 };
