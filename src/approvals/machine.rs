@@ -220,6 +220,7 @@ pub fn created(new: &NewApproval) -> ApprovalRecord {
         decided_at: None,
         reason: None,
         consumed_by_idempotency_key: None,
+        why: new.why.clone(),
     }
 }
 
@@ -485,6 +486,7 @@ mod tests {
             request_id: request_id.into(),
             created_at: now,
             expires_at: now + 10,
+            why: crate::approvals::ApprovalWhy::default(),
             limits: PendingLimits::default(),
         }
     }

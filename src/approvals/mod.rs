@@ -74,8 +74,96 @@ pub struct NewApproval {
     pub request_id: String,
     pub created_at: UnixMillis,
     pub expires_at: UnixMillis,
+    /// Why the call needs a human, as the decision saw it.
+    pub why: ApprovalWhy,
     /// The caps on PENDING approvals this one must fit under.
     pub limits: PendingLimits,
+}
+
+/// Why a call needed a human (DESIGN §14, `Approval.why`): the `@reason` of
+/// the forbid an approval lifts, and the budgets (§13.1) the call would
+/// exceed, with the figures its decision saw. Fixed when the approval is
+/// opened: an approver sees what the decision saw, not today's totals.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalWhy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<BudgetWhy>,
+}
+
+/// A budget the call would exceed: `used + this_call > limit`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetWhy {
+    pub name: String,
+    pub used: i64,
+    pub this_call: i64,
+    pub limit: i64,
+    /// How the budget's integers are shown: 2 shows 62000 as 620.00.
+    pub decimals: u8,
+    pub window_seconds: u64,
+}
+
+impl ApprovalWhy {
+    /// The why of a call: `reason`, and of the budgets its decision saw
+    /// (`seen`, with their definitions in `budgets`) the ones the call
+    /// takes past their limit. A total that overflows is past any limit.
+    #[must_use]
+    pub fn of_call(
+        reason: Option<String>,
+        seen: &[crate::budgets::Seen],
+        budgets: &crate::budgets::Budgets,
+    ) -> Self {
+        let budgets = seen
+            .iter()
+            .filter(|s| s.used.checked_add(s.this_call).is_none_or(|t| t > s.limit))
+            .map(|s| {
+                let def = budgets.all().iter().find(|b| b.name == s.name);
+                BudgetWhy {
+                    name: s.name.clone(),
+                    used: s.used,
+                    this_call: s.this_call,
+                    limit: s.limit,
+                    decimals: def.map_or(0, |b| b.decimals),
+                    window_seconds: def.map_or(0, |b| b.window.as_secs()),
+                }
+            })
+            .collect();
+        Self { reason, budgets }
+    }
+
+    /// A refund's why past the daily budget: 600.00 used, 20.00 more, of 500.00.
+    #[cfg(test)]
+    #[must_use]
+    pub fn example() -> Self {
+        Self {
+            reason: Some("the agent's refunds today would exceed 500.00".into()),
+            budgets: vec![BudgetWhy {
+                name: "refunds_daily".into(),
+                used: 60_000,
+                this_call: 2_000,
+                limit: 50_000,
+                decimals: 2,
+                window_seconds: 86_400,
+            }],
+        }
+    }
+
+    /// The stored form: a JSON object (`{}` when there is nothing to say).
+    #[must_use]
+    pub fn to_stored(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| "{}".to_owned())
+    }
+
+    /// Reads the stored form.
+    ///
+    /// # Errors
+    /// The text is not a why this version wrote.
+    pub fn from_stored(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
 }
 
 /// The most PENDING, unexpired approvals at once: per (tenant, requester
@@ -146,6 +234,8 @@ pub struct ApprovalRecord {
     pub decided_at: Option<UnixMillis>,
     pub reason: Option<String>,
     pub consumed_by_idempotency_key: Option<String>,
+    /// Why the call needed a human, fixed when the approval was opened.
+    pub why: ApprovalWhy,
 }
 
 impl ApprovalRecord {

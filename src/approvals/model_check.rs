@@ -127,6 +127,7 @@ fn new_approval(id: String, request_id: &str, now: i64) -> NewApproval {
         request_id: request_id.into(),
         created_at: now,
         expires_at: now + PENDING_TTL,
+        why: crate::approvals::ApprovalWhy::default(),
         limits: PendingLimits::default(),
     }
 }

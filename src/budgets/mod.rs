@@ -16,7 +16,7 @@
 //! | `risks` | one of the two | risk levels |
 //! | `per` | no (`[]`) | the key besides the tenant: `subject`, `agent`, `session`, `resource`, each at most once |
 //! | `windowSeconds` | yes | 1 to 31,622,400 (366 days): a sliding window |
-//! | `measure` | no | absent: each call counts 1; `{"pointer": "/amount_cents"}`: the integer there |
+//! | `measure` | no | absent: each call counts 1; `{"pointer": "/amount_cents"}`: the integer there; `"decimals": 2` shows approvers 62000 as 620.00 |
 //! | `limit` | yes | an integer from 0, shown to policies; toolgate never compares |
 
 mod charge;
@@ -55,6 +55,9 @@ pub struct Budget {
     pub window: Duration,
     pub measure: Measure,
     pub limit: i64,
+    /// How its integers are shown to approvers (`measure.decimals`): 2
+    /// shows 62000 as 620.00. Never part of a decision.
+    pub decimals: u8,
     /// The file it was read from, and its text (part of the policy version).
     pub source_path: PathBuf,
     pub source_text: String,
@@ -183,7 +186,12 @@ struct RawBudget {
 #[serde(deny_unknown_fields)]
 struct RawMeasure {
     pointer: String,
+    #[serde(default)]
+    decimals: u8,
 }
+
+/// The most decimals a measure is shown with (an `i64` has 19 digits).
+pub const MAX_DECIMALS: u8 = 18;
 
 /// Whether `name` is a budget name: `^[a-z][a-z0-9_]{0,63}$`, the rule of
 /// a session label ([`crate::tools::is_valid_label`]).
@@ -273,6 +281,13 @@ pub fn parse(path: &Path, text: &str, tools: &ToolRegistry) -> Result<Budget, Bu
     if raw.limit < 0 {
         return Err(error("`limit` must not be negative".into(), "/limit"));
     }
+    let decimals = raw.measure.as_ref().map_or(0, |m| m.decimals);
+    if decimals > MAX_DECIMALS {
+        return Err(error(
+            format!("`measure.decimals` must be from 0 to {MAX_DECIMALS}"),
+            "/measure/decimals",
+        ));
+    }
     let budget = Budget {
         name: raw.name,
         tools: names,
@@ -283,6 +298,7 @@ pub fn parse(path: &Path, text: &str, tools: &ToolRegistry) -> Result<Budget, Bu
             .measure
             .map_or(Measure::Count, |m| Measure::Pointer(m.pointer)),
         limit: raw.limit,
+        decimals,
         source_path: path.to_path_buf(),
         source_text: text.to_owned(),
     };

@@ -26,7 +26,7 @@ fn tools_where(keep: impl Fn(&ToolContract) -> bool) -> Vec<String> {
 #[test]
 fn a_daily_refund_budget_per_agent_loads() {
     let text = r#"{"name": "refunds_daily", "tools": ["refund_order"], "per": ["agent"],
-            "windowSeconds": 86400, "measure": {"pointer": "/amount_cents"}, "limit": 50000}"#;
+            "windowSeconds": 86400, "measure": {"pointer": "/amount_cents", "decimals": 2}, "limit": 50000}"#;
     let budget = load("refunds_daily", text).unwrap();
     assert_eq!(
         budget,
@@ -38,6 +38,7 @@ fn a_daily_refund_budget_per_agent_loads() {
             window: Duration::from_secs(86_400),
             measure: Measure::Pointer("/amount_cents".into()),
             limit: 50_000,
+            decimals: 2,
             source_path: path("refunds_daily"),
             source_text: text.to_owned(),
         }
@@ -112,6 +113,11 @@ fn a_broken_budget_says_which_rule_it_breaks() {
             "refunds",
             r#"{"name": "refunds", "risks": ["financial"], "windowSeconds": 1, "limit": -1}"#,
             "`limit` must not be negative",
+        ),
+        (
+            "refunds",
+            r#"{"name": "refunds", "tools": ["refund_order"], "windowSeconds": 1, "limit": 1, "measure": {"pointer": "/amount_cents", "decimals": 19}}"#,
+            "`measure.decimals` must be from 0 to 18",
         ),
         // `currency` is a required string, `note` an optional string.
         (
@@ -312,4 +318,44 @@ fn keys_name_their_parts_so_no_two_keys_share_a_text() {
         key_text(&budget, &caller, tool, &args),
         r#"["tenant","acme","agent","a\",\"b","resource","ord_1"]"#
     );
+}
+
+#[test]
+fn an_approval_shows_the_budgets_its_call_takes_past_their_limit() {
+    use crate::approvals::ApprovalWhy;
+    let text = r#"{"name": "refunds_daily", "tools": ["refund_order"], "per": ["agent"],
+            "windowSeconds": 86400, "measure": {"pointer": "/amount_cents", "decimals": 2}, "limit": 50000}"#;
+    let rate = r#"{"name": "emails_hourly", "tools": ["send_email"], "windowSeconds": 3600, "limit": 200}"#;
+    let all = Budgets::new(
+        vec![
+            load("emails_hourly", rate).unwrap(),
+            load("refunds_daily", text).unwrap(),
+        ],
+        &tools(),
+    );
+    let seen = |name: &str, used: i64, this_call: i64, limit: i64| Seen {
+        name: name.into(),
+        used,
+        this_call,
+        limit,
+    };
+    // At the limit is not past it; one over is; a sum past i64 is.
+    let why = ApprovalWhy::of_call(
+        Some("the agent's refunds today would exceed 500.00".into()),
+        &[
+            seen("emails_hourly", 199, 1, 200),
+            seen("refunds_daily", 60_000, 2_000, 50_000),
+        ],
+        &all,
+    );
+    assert_eq!(why, ApprovalWhy::example());
+    let over = ApprovalWhy::of_call(None, &[seen("emails_hourly", i64::MAX, 1, i64::MAX)], &all);
+    assert_eq!(over.budgets.len(), 1);
+    assert_eq!(
+        (over.budgets[0].decimals, over.budgets[0].window_seconds),
+        (0, 3_600)
+    );
+    assert_eq!(ApprovalWhy::from_stored(&why.to_stored()).unwrap(), why);
+    assert_eq!(ApprovalWhy::default().to_stored(), "{}");
+    assert!(ApprovalWhy::from_stored(r#"{"because": 1}"#).is_err());
 }

@@ -134,7 +134,43 @@ pub fn approval_json(r: &ApprovalRecord) -> Value {
         "decided_at": r.decided_at,
         "reason": r.reason,
         "consumed": r.consumed_by_idempotency_key.is_some(),
+        "why": why_json(&r.why),
     })
+}
+
+/// Why the call needs a human, as the page shows it: the policy's reason,
+/// and each budget's figures with their decimals already placed (a page's
+/// numbers are doubles, a budget's integers may not fit one).
+fn why_json(why: &crate::approvals::ApprovalWhy) -> Value {
+    let budgets: Vec<Value> = why
+        .budgets
+        .iter()
+        .map(|b| {
+            let shown = |v: i128| decimal(v, b.decimals);
+            json!({
+                "name": b.name,
+                "window_seconds": b.window_seconds,
+                "used": shown(b.used.into()),
+                "this_call": shown(b.this_call.into()),
+                "total": shown(i128::from(b.used) + i128::from(b.this_call)),
+                "limit": shown(b.limit.into()),
+            })
+        })
+        .collect();
+    json!({ "reason": why.reason, "budgets": budgets })
+}
+
+/// `v` with `decimals` digits after the point: 62000 with 2 is `620.00`.
+fn decimal(v: i128, decimals: u8) -> String {
+    let digits = v.unsigned_abs().to_string();
+    let sign = if v < 0 { "-" } else { "" };
+    let places = usize::from(decimals);
+    if places == 0 {
+        return format!("{sign}{digits}");
+    }
+    let padded = format!("{digits:0>width$}", width = places + 1);
+    let (whole, frac) = padded.split_at(padded.len() - places);
+    format!("{sign}{whole}.{frac}")
 }
 
 /// A refusal as the page reads it: the envelope's code, message and details.
@@ -248,6 +284,33 @@ pub fn parse_decision(body: &[u8]) -> Result<DecisionRequest, Envelope> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_budgets_integers_are_shown_with_its_decimals() {
+        for (v, d, shown) in [
+            (62_000, 2, "620.00"),
+            (5, 2, "0.05"),
+            (0, 2, "0.00"),
+            (-150, 2, "-1.50"),
+            (200, 0, "200"),
+            (i128::from(i64::MAX) * 2, 18, "18.446744073709551614"),
+        ] {
+            assert_eq!(decimal(v, d), shown, "{v} {d}");
+        }
+        let why = crate::approvals::ApprovalWhy::example();
+        assert_eq!(
+            why_json(&why),
+            json!({
+                "reason": "the agent's refunds today would exceed 500.00",
+                "budgets": [{"name": "refunds_daily", "window_seconds": 86_400, "used": "600.00",
+                             "this_call": "20.00", "total": "620.00", "limit": "500.00"}],
+            })
+        );
+        assert_eq!(
+            why_json(&crate::approvals::ApprovalWhy::default()),
+            json!({"reason": null, "budgets": []})
+        );
+    }
 
     #[test]
     fn decisions_are_read_strictly() {

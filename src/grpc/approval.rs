@@ -80,6 +80,22 @@ pub fn approval(r: &ApprovalRecord) -> pb::Approval {
         decided_at: r.decided_at.map(convert::timestamp),
         reason: r.reason.clone().unwrap_or_default(),
         consumed_by_idempotency_key: r.consumed_by_idempotency_key.clone().unwrap_or_default(),
+        why: Some(pb::ApprovalWhy {
+            reason: r.why.reason.clone().unwrap_or_default(),
+            budgets: r
+                .why
+                .budgets
+                .iter()
+                .map(|b| pb::ApprovalBudget {
+                    name: b.name.clone(),
+                    used: b.used,
+                    this_call: b.this_call,
+                    limit: b.limit,
+                    decimals: u32::from(b.decimals),
+                    window_seconds: b.window_seconds,
+                })
+                .collect(),
+        }),
     }
 }
 

@@ -42,7 +42,12 @@ pub enum PolicyDecision {
     /// Permitted as it stands.
     Allow { policies: Vec<String> },
     /// Denied now, permitted once a human approves (DESIGN §3.3 rule 3).
-    ApprovalRequired { policies: Vec<String> },
+    /// `reason` is the `@reason` of the forbid an approval lifts, shown to
+    /// the approver (`Approval.why`, §14).
+    ApprovalRequired {
+        policies: Vec<String>,
+        reason: Option<String>,
+    },
     /// Denied. `reason` is the `@reason` of the determining forbid, the one
     /// piece of policy text the model may see.
     Deny {
@@ -138,7 +143,8 @@ impl PolicyEngine {
             }
             if second.allowed {
                 // The forbids that fired without approval are what a human lifts.
-                return Ok(PolicyDecision::ApprovalRequired { policies });
+                let reason = self.deny_reason(&policies);
+                return Ok(PolicyDecision::ApprovalRequired { policies, reason });
             }
             unliftable = second.reasons;
         }

@@ -90,6 +90,7 @@ impl Sequence {
             request_id: rng.pick(&["r1", "r2", "r3"]).into(),
             created_at: self.now,
             expires_at: self.now + 2 + i64::try_from(rng.below(8)).unwrap(),
+            why: crate::approvals::ApprovalWhy::default(),
             limits: self.limits,
         }
     }

@@ -148,7 +148,7 @@ fn pending_counts_sql(mark: char) -> String {
 /// The columns of an approval, in the order every backend reads them.
 const APPROVAL_COLUMNS: &str = "approval_id, tenant_id, requester_subject_id, agent_id, tool, tool_version, risk, \
      arguments_sha256, display_arguments, request_id, status, created_at, expires_at, decided_by, decided_at, \
-     reason, consumed_by_idempotency_key";
+     reason, consumed_by_idempotency_key, why";
 
 /// The columns of an execution record, in the order every backend reads them.
 const EXECUTION_COLUMNS: &str = "tenant_id, idempotency_key, tool, arguments_sha256, state, attempt, \
@@ -207,6 +207,11 @@ fn stored_ticket_key(version: i64, secret: &[u8]) -> Result<TicketKey, StoreErro
 
 fn stored_risk(s: &str) -> Result<Risk, StoreError> {
     Risk::parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown risk `{s}`")))
+}
+
+fn stored_why(s: &str) -> Result<crate::approvals::ApprovalWhy, StoreError> {
+    crate::approvals::ApprovalWhy::from_stored(s)
+        .map_err(|e| StoreError::Corrupt(format!("an approval's why: {e}")))
 }
 
 fn stored_status(s: &str) -> Result<ApprovalStatus, StoreError> {

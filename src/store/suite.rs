@@ -528,6 +528,8 @@ pub fn new_approval(id: &str, now: UnixMillis) -> NewApproval {
         request_id: "r1".into(),
         created_at: now,
         expires_at: now + 1000,
+        // Kept and read back as written, on every backend.
+        why: crate::approvals::ApprovalWhy::example(),
         limits: crate::approvals::PendingLimits::default(),
     }
 }
@@ -713,6 +715,7 @@ pub async fn the_same_call_gets_the_same_pending_approval_until_it_expires(backe
         decided_at: None,
         reason: None,
         consumed_by_idempotency_key: None,
+        why: first.why.clone(),
     };
     assert_eq!(read, expected);
     let (b, created) = store

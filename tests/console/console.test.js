@@ -112,8 +112,8 @@ const ORDER = JSON.stringify([
   },
 ]);
 
-/** bob's support-bot asks to refund `cents` (over 100.00 needs a human). */
-function refund(cents, requestId, approvalId = "") {
+/** bob's `agent` asks to refund `cents` (over 100.00 needs a human). */
+function refund(cents, requestId, approvalId = "", agent = "support-bot") {
   return call(authorization, "Authorize", {
     tool: "refund_order",
     arguments: Buffer.from(
@@ -124,7 +124,7 @@ function refund(cents, requestId, approvalId = "") {
       tenant_id: "acme",
       roles: ["support_agent"],
       scopes: ["orders:read", "orders:refund"],
-      agent_id: "support-bot",
+      agent_id: agent,
       session_id: "s-42",
     },
     call_id: "call_1",
@@ -534,6 +534,54 @@ test("readable on a phone-width screen", async () => {
   await screenshot(page, "phone-approval");
   await page.click("#nav-history");
   await fitsWidth(page, "history");
+});
+
+test("an approval opened by a budget shows it: the call brings the agent's day past 500.00", async () => {
+  // refunds_daily: 500.00 a day per agent. budget-bot's five refunds of
+  // 100.00 need nobody; a sixth of 20.00 would make 520.00.
+  for (let i = 1; i <= 5; i += 1) {
+    const r = await refund(10000, `console-budget-${i}`, "", "budget-bot");
+    assert.equal(r.decision, "DECISION_ALLOW", JSON.stringify(r.error));
+  }
+  const r = await refund(2000, "console-budget-6", "", "budget-bot");
+  assert.equal(r.decision, "DECISION_APPROVAL_REQUIRED", JSON.stringify(r.error));
+  const id = r.approval.approval_id;
+  assert.deepEqual((await stored(id)).why, {
+    reason: "the agent's refunds today would exceed 500.00",
+    budgets: [{ name: "refunds_daily", used: "50000", this_call: "2000", limit: "50000", decimals: 2, window_seconds: "86400" }],
+  });
+
+  await dana.page.click("#nav-queue");
+  await card(dana.page, id).click();
+  await dana.page.locator("#screen-approval").waitFor({ state: "visible" });
+  assert.equal(await text(dana.page, "#why-title"), "Why a human is asked");
+  assert.equal(await text(dana.page, "#approval-reason"), "Policy: the agent's refunds today would exceed 500.00");
+  assert.equal(
+    await text(dana.page, '#approval-budgets li[data-budget="refunds_daily"]'),
+    "This call brings the total of refunds_daily over the last 24 hours to 520.00 of 500.00 (500.00 before it, 20.00 this call).",
+  );
+  assert.equal(await dana.page.locator("#approval-budgets li").count(), 1);
+  await accessible(dana.page, "approval over budget");
+  await screenshot(dana.page, "approval-budget");
+
+  // Approved, the call is allowed and charged: the next one sees 520.00 used.
+  await dana.page.fill("#reason", "a goodwill refund, agreed with the team lead");
+  await dana.page.click("#approve");
+  await dana.page.locator("#approval-outcome", { hasText: "Approved." }).waitFor();
+  const allowed = await refund(2000, "console-budget-6", id, "budget-bot");
+  assert.equal(allowed.decision, "DECISION_ALLOW", JSON.stringify(allowed.error));
+  const next = await refund(1000, "console-budget-7", "", "budget-bot");
+  assert.equal(next.decision, "DECISION_APPROVAL_REQUIRED", JSON.stringify(next.error));
+  assert.deepEqual((await stored(next.approval.approval_id)).why.budgets.map((b) => [b.used, b.this_call]), [["52000", "1000"]]);
+
+  // A refund under the budget that waits for a human shows only the policy's reason.
+  const large = await refund(15000, "console-budget-large", "", "other-bot");
+  assert.equal(large.decision, "DECISION_APPROVAL_REQUIRED", JSON.stringify(large.error));
+  assert.deepEqual((await stored(large.approval.approval_id)).why, { reason: "refunds over 100.00 need a human approval", budgets: [] });
+  await dana.page.click("#nav-queue");
+  await card(dana.page, large.approval.approval_id).click();
+  await dana.page.locator("#approval-reason", { hasText: "Policy: refunds over 100.00 need a human approval" }).waitFor();
+  assert.equal(await dana.page.locator("#approval-budgets li").count(), 0);
 });
 
 test("an expired token returns the approver to sign-in", async () => {

@@ -359,6 +359,7 @@ async fn grant(
                 request_id: call.request_id.clone(),
                 created_at: now,
                 expires_at: now + hour,
+                why: approvals::ApprovalWhy::of_call(None, &outcome.budgets, engine.budgets()),
                 limits: approvals::PendingLimits::default(),
             },
             now,
@@ -464,6 +465,7 @@ fn case_approval(
         decided_at: None,
         reason: None,
         consumed_by_idempotency_key: None,
+        why: approvals::ApprovalWhy::default(),
     })
 }
 
@@ -477,7 +479,7 @@ fn approval_actual(
             PolicyDecision::Allow { policies }
             | PolicyDecision::Deny { policies, .. }
             | PolicyDecision::Errored { policies }
-            | PolicyDecision::ApprovalRequired { policies },
+            | PolicyDecision::ApprovalRequired { policies, .. },
         ) => sorted(policies.clone()),
         Err(_) => Vec::new(),
     };

@@ -376,6 +376,40 @@ function renderJson(value, marker, indent = "") {
   return [el("span", { class: typeof value === "string" ? "string" : "literal", text: JSON.stringify(value) })];
 }
 
+/** A budget's window in words: 86400 is "24 hours". */
+function windowWords(seconds) {
+  const units = [[86400 * 7, "week"], [86400, "day"], [3600, "hour"], [60, "minute"], [1, "second"]];
+  if (seconds === 86400) return "24 hours";
+  for (const [size, name] of units) {
+    if (seconds >= size && seconds % size === 0) {
+      const n = seconds / size;
+      return n === 1 ? `1 ${name}` : `${n} ${name}s`;
+    }
+  }
+  return `${seconds} seconds`;
+}
+
+/** Why the call needs a human: the policy's reason, the budgets it would exceed. */
+function renderWhy(a) {
+  const why = a.why || { reason: null, budgets: [] };
+  $("approval-reason").textContent = why.reason ? `Policy: ${why.reason}` : "";
+  $("approval-reason").hidden = !why.reason;
+  $("approval-budgets").replaceChildren(
+    ...why.budgets.map((b) =>
+      el(
+        "li",
+        { "data-budget": b.name },
+        `This call brings the total of `,
+        el("code", { text: b.name }),
+        ` over the last ${windowWords(b.window_seconds)} to `,
+        el("strong", { text: `${b.total} of ${b.limit}` }),
+        ` (${b.used} before it, ${b.this_call} this call).`,
+      ),
+    ),
+  );
+  $("approval-why").hidden = !why.reason && why.budgets.length === 0;
+}
+
 function renderApproval() {
   const a = state.current;
   if (!a) return;
@@ -391,6 +425,7 @@ function renderApproval() {
   add("Approval id", el("code", { text: a.approval_id }));
   add("Received", when(a.created_at));
   add("Expires", countdown("", a.expires_at, `${when(a.expires_at)} (`, ")"));
+  renderWhy(a);
   $("approval-args").replaceChildren(...renderJson(a.display_arguments, a.redacted_marker));
   $("approval-hash").textContent = a.arguments_sha256;
   const open = a.status === "PENDING" && a.expires_at > Date.now();

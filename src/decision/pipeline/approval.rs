@@ -36,6 +36,7 @@ impl ToolCallAuthorizer {
         input: &AuthorizeInput,
         caller: &Caller,
         h: &Hashed<'_>,
+        why: approvals::ApprovalWhy,
         now: UnixMillis,
     ) -> NewApproval {
         let ttl = i64::try_from(self.config.pending_approval_ttl.as_millis()).unwrap_or(i64::MAX);
@@ -52,6 +53,7 @@ impl ToolCallAuthorizer {
             request_id: input.request_id.clone(),
             created_at: now,
             expires_at: now.saturating_add(ttl),
+            why,
             limits: self.config.pending_limits,
         }
     }

@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::refusal::{approval_envelope, used_at_gateway};
 use super::refusal::{forbidden, policy_errored};
 use super::{AcrossCalls, Hashed, ToolCallAuthorizer};
-use crate::approvals::{ApprovalEventKind, ApprovalRecord};
+use crate::approvals::{ApprovalEventKind, ApprovalRecord, ApprovalWhy};
 use crate::clock::UnixMillis;
 use crate::decision::outcome::{AuthorizeInput, AuthorizeOutcome, Decision, Door};
 use crate::envelope::{Envelope, ErrorCode};
@@ -62,9 +62,10 @@ impl ToolCallAuthorizer {
                 out.decision = Decision::Allow;
                 out
             }
-            PolicyDecision::ApprovalRequired { policies } => {
+            PolicyDecision::ApprovalRequired { policies, reason } => {
                 out.policies = policies;
-                let new = self.new_approval(input, caller, &hashed, now);
+                let why = ApprovalWhy::of_call(reason, &out.budgets, engine.budgets());
+                let new = self.new_approval(input, caller, &hashed, why, now);
                 if input.door == Door::Gateway && input.approval_id.is_empty() {
                     let call = ToolCall {
                         caller,

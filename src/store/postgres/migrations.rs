@@ -87,6 +87,8 @@ DROP SEQUENCE ledger_fencing;
     BUDGETS,
     // Sessions and the calls allowed in them (DESIGN §13.2).
     SESSIONS,
+    // Why an approval was asked (DESIGN §14): `{}` for the older ones.
+    "ALTER TABLE approvals ADD COLUMN why TEXT NOT NULL DEFAULT '{}';",
 ];
 
 /// Entities and the parent edges the ancestor walk follows; a parent edge

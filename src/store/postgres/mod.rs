@@ -369,7 +369,7 @@ async fn pending_after_lock(
     // nothing.
     let insert = format!(
         "WITH created AS (INSERT INTO approvals ({APPROVAL_COLUMNS}) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'PENDING', $11, $12, NULL, NULL, NULL, NULL) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'PENDING', $11, $12, NULL, NULL, NULL, NULL, $14) \
          ON CONFLICT (tenant_id, requester_subject_id, tool, tool_version, risk, arguments_sha256, request_id) \
          WHERE status = 'PENDING' DO NOTHING RETURNING *) \
          SELECT {APPROVAL_COLUMNS}, {} FROM created",
@@ -392,6 +392,7 @@ async fn pending_after_lock(
                 &new.created_at,
                 &new.expires_at,
                 &origin,
+                &new.why.to_stored(),
             ],
         )
         .await?;

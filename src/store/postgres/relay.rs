@@ -176,7 +176,26 @@ async fn forward<S, T>(
     // A notification dropped while the queue was full, not yet told.
     let mut lost = false;
     loop {
-        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+        let message = if lost {
+            // A loss at the end of a burst is told as soon as there is
+            // room, not only when another notification comes.
+            tokio::select! {
+                permit = tx.reserve() => {
+                    match permit {
+                        Ok(permit) => {
+                            permit.send(Relayed::Lost);
+                            lost = false;
+                            continue;
+                        }
+                        Err(_) => return,
+                    }
+                }
+                message = std::future::poll_fn(|cx| connection.poll_message(cx)) => message,
+            }
+        } else {
+            std::future::poll_fn(|cx| connection.poll_message(cx)).await
+        };
+        match message {
             Some(Ok(AsyncMessage::Notification(n))) => {
                 if lost {
                     match tx.try_send(Relayed::Lost) {

@@ -47,6 +47,7 @@ pub(super) fn approval_from_row(row: &Row) -> Result<ApprovalRecord, StoreError>
         decided_at: row.try_get(14)?,
         reason: row.try_get(15)?,
         consumed_by_idempotency_key: row.try_get(16)?,
+        why: super::super::stored_why(row.try_get(17)?)?,
     })
 }
 

@@ -73,7 +73,7 @@ async fn replicas_starting_together_migrate_once_and_a_newer_schema_is_refused()
     for s in starts {
         s.await.unwrap().unwrap();
     }
-    assert_eq!(version(&schema).await, 7);
+    assert_eq!(version(&schema).await, 8);
     // Data written, then a restart: kept, not migrated again.
     let store = connect(schema.0.url()).await;
     store
@@ -98,7 +98,7 @@ async fn replicas_starting_together_migrate_once_and_a_newer_schema_is_refused()
             err,
             StoreError::SchemaTooNew {
                 found: 99,
-                known: 7
+                known: 8
             }
         ),
         "{err}"

@@ -38,6 +38,7 @@ pub(super) fn approval_from_row(row: &Row<'_>) -> Result<ApprovalRecord, StoreEr
         decided_at: row.get(14)?,
         reason: row.get(15)?,
         consumed_by_idempotency_key: row.get(16)?,
+        why: crate::store::stored_why(&row.get::<_, String>(17)?)?,
     })
 }
 
@@ -111,7 +112,7 @@ pub(super) fn pending_in(
         return Err(StoreError::PendingLimit(scope));
     }
     tx.execute(
-        &format!("INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'PENDING', ?11, ?12, NULL, NULL, NULL, NULL)"),
+        &format!("INSERT INTO approvals ({APPROVAL_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'PENDING', ?11, ?12, NULL, NULL, NULL, NULL, ?13)"),
         params![
             new.approval_id,
             new.tenant_id,
@@ -124,7 +125,8 @@ pub(super) fn pending_in(
             new.display_arguments,
             new.request_id,
             new.created_at,
-            new.expires_at
+            new.expires_at,
+            new.why.to_stored()
         ],
     )?;
     Ok((
@@ -146,6 +148,7 @@ pub(super) fn pending_in(
             decided_at: None,
             reason: None,
             consumed_by_idempotency_key: None,
+            why: new.why,
         },
         true,
     ))

@@ -78,6 +78,8 @@ CREATE INDEX approvals_by_call ON approvals
     super::budgets::MIGRATION,
     // Sessions and the calls allowed in them (DESIGN §13.2).
     super::sessions::MIGRATION,
+    // Why an approval was asked (DESIGN §14): `{}` for the older ones.
+    "ALTER TABLE approvals ADD COLUMN why TEXT NOT NULL DEFAULT '{}';",
 ];
 
 /// Migration 6: the ticket keys, versioned for rotation; the fencing
