@@ -304,7 +304,8 @@ impl AuditEvent {
 /// What a ledger event says (see [`AuditEvent::ledger`]).
 #[derive(Debug, Clone, Copy)]
 pub struct LedgerAudit<'a> {
-    /// `begin`, `complete` or `reconcile`.
+    /// `begin`, `complete`, `reconcile`, or `lapse` (the sweep that makes
+    /// final an operation not retried before its tickets expired).
     pub operation: &'static str,
     /// The principal the call ran as, when it could be established.
     pub principal: Option<&'a Caller>,

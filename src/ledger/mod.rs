@@ -23,6 +23,11 @@
 //! | another tool or `arguments_sha256` | REFUSED with `idempotency_key_reused`; nothing changes |
 //!
 //! Decisions this module makes, beyond the table:
+//! - **An unretried FAILED_RETRYABLE lapses** ([`Lapse`]): unchanged for
+//!   the ticket TTL plus [`LAPSE_GRACE`], every ticket issued before its
+//!   failure has expired, and the record becomes FAILED_FINAL (the call did
+//!   not happen and will not: a later Begin answers COMPLETED), its budget
+//!   charges released in the same transaction (DESIGN §13.1).
 //! - **Retention** ([`Collect`]) deletes only settled records
 //!   ([`ExecutionState::COLLECTABLE`]) unchanged for the retention period.
 //!   UNKNOWN and IN_PROGRESS (live lease or not) are kept however old, still
@@ -347,6 +352,55 @@ impl LedgerConfig {
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What a lapse sweep allows for between replicas' clocks: a record lapses
+/// this long after the last ticket that could retry it expired.
+pub const LAPSE_GRACE: Duration = Duration::from_secs(60);
+
+/// Which FAILED_RETRYABLE records nobody retried in time ([`Lapse::covers`]):
+/// unchanged since `updated_at_or_before`, so every ticket issued before
+/// the failure has expired. A backend makes them FAILED_FINAL (keeping
+/// `updated_at`, revision + 1) and releases their live charges at `now`, in one transaction, at
+/// most `limit` of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lapse {
+    pub updated_at_or_before: UnixMillis,
+    pub now: UnixMillis,
+    pub limit: usize,
+}
+
+impl Lapse {
+    /// The sweep due at `now` for tickets valid `ticket_ttl`.
+    #[must_use]
+    pub fn new(now: UnixMillis, ticket_ttl: Duration, limit: usize) -> Self {
+        let wait =
+            i64::try_from(ticket_ttl.saturating_add(LAPSE_GRACE).as_millis()).unwrap_or(i64::MAX);
+        Self {
+            updated_at_or_before: now.saturating_sub(wait),
+            now,
+            limit: limit.max(1),
+        }
+    }
+
+    /// Whether `record` lapses.
+    #[must_use]
+    pub fn covers(&self, record: &ExecutionRecord) -> bool {
+        record.state == ExecutionState::FailedRetryable
+            && record.updated_at <= self.updated_at_or_before
+    }
+}
+
+/// An operation a lapse sweep made FAILED_FINAL, and the budgets it
+/// released (one name per charge).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lapsed {
+    pub tenant_id: String,
+    pub idempotency_key: String,
+    pub tool: String,
+    pub arguments_sha256: String,
+    pub attempt: u32,
+    pub released: Vec<String>,
 }
 
 /// Which records retention deletes: settled ones ([`ExecutionState::COLLECTABLE`])

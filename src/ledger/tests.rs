@@ -554,3 +554,26 @@ fn state_names_round_trip() {
     }
     assert_eq!(ExecutionState::parse("in_progress"), None);
 }
+
+#[test]
+fn only_a_retryable_failure_unchanged_past_its_tickets_and_the_grace_lapses() {
+    let ttl = Duration::from_secs(300);
+    let wait = 300_000 + i64::try_from(LAPSE_GRACE.as_millis()).unwrap();
+    let due = Lapse::new(NOW + wait, ttl, 0);
+    assert_eq!(
+        due,
+        Lapse {
+            updated_at_or_before: NOW,
+            now: NOW + wait,
+            limit: 1
+        }
+    );
+    assert!(due.covers(&record(ExecutionState::FailedRetryable)));
+    let early = Lapse::new(NOW + wait - 1, ttl, 10);
+    assert!(!early.covers(&record(ExecutionState::FailedRetryable)));
+    for state in ExecutionState::ALL {
+        if state != ExecutionState::FailedRetryable {
+            assert!(!due.covers(&record(state)), "{state:?}");
+        }
+    }
+}

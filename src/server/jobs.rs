@@ -66,6 +66,11 @@ pub(super) fn start(services: &Services) -> Running {
         every(ledger.config().collect_interval, move || {
             let ledger = Arc::clone(&ledger);
             async move {
+                // First the operations that lapsed, so their charges are
+                // released before retention looks at them.
+                if let Err(e) = ledger.lapse_due().await {
+                    tracing::error!(error = %e, "ledger lapse sweep failed");
+                }
                 if let Err(e) = ledger.collect_due().await {
                     tracing::error!(error = %e, "ledger retention sweep failed");
                 }

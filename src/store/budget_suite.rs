@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::suite::{Backend, at_once};
+use super::suite::{Backend, at_once, begin, complete};
 use crate::budgets::{BudgetKey, Charge, Usage};
 use crate::store::Store;
 
@@ -217,4 +217,88 @@ pub async fn concurrent_charges_never_sum_above_what_each_decision_saw(backend: 
             .unwrap(),
         [usage(Some(100), 10, false)]
     );
+}
+
+/// A FAILED_RETRYABLE operation unchanged past the lapse instant becomes
+/// FAILED_FINAL with its charges released, once; one in progress and one
+/// failed later keep theirs; a Begin on the lapsed one answers COMPLETED
+/// (it will not run).
+pub async fn a_retryable_failure_nobody_retried_lapses_and_frees_its_charges(
+    backend: &dyn Backend,
+) {
+    use crate::ledger::{BeginOutcome, Completion, ExecutionState, Lapse, Lapsed};
+    let store = &*backend.open().await;
+    let k = BudgetKey {
+        window_ms: 1_000_000,
+        ..key("refunds", "[\"tenant\",\"acme\"]")
+    };
+    for (version, (op, amount, fail_at)) in
+        [("r1", 10, Some(200)), ("r2", 5, None), ("r3", 7, Some(300))]
+            .into_iter()
+            .enumerate()
+    {
+        let seen = i64::try_from(version).unwrap();
+        assert!(
+            store
+                .charge_budgets("acme", op, &[charge(&k, amount, seen)], 100)
+                .await
+                .unwrap()
+        );
+        let run = store.begin_execution(begin("acme", op, 100)).await.unwrap();
+        assert_eq!(run.outcome, BeginOutcome::Acquired);
+        if let Some(at) = fail_at {
+            let failed = store
+                .complete_execution(complete(
+                    op,
+                    run.fencing_token,
+                    Completion::FailedRetryable(None),
+                    at,
+                ))
+                .await
+                .unwrap();
+            assert_eq!(failed.state, Some(ExecutionState::FailedRetryable));
+        }
+    }
+    let keys = [k];
+    let used = async |now| {
+        store
+            .budget_usage("acme", "other", &keys, now)
+            .await
+            .unwrap()[0]
+            .used
+    };
+    let lapse = |before| Lapse {
+        updated_at_or_before: before,
+        now: 500,
+        limit: 10,
+    };
+    assert_eq!(store.lapse_executions(lapse(199)).await.unwrap(), []);
+    assert_eq!(used(400).await, Some(22));
+    assert_eq!(
+        store.lapse_executions(lapse(250)).await.unwrap(),
+        [Lapsed {
+            tenant_id: "acme".into(),
+            idempotency_key: "r1".into(),
+            tool: "refund_order".into(),
+            arguments_sha256: "aa".into(),
+            attempt: 1,
+            released: vec!["refunds".into()],
+        }]
+    );
+    assert_eq!(store.lapse_executions(lapse(250)).await.unwrap(), []);
+    assert_eq!(used(600).await, Some(12));
+    let r1 = store.get_execution("acme", "r1").await.unwrap().unwrap();
+    assert_eq!(
+        (r1.state, r1.updated_at, r1.revision),
+        (ExecutionState::FailedFinal, 200, 3)
+    );
+    let again = store
+        .begin_execution(begin("acme", "r1", 600))
+        .await
+        .unwrap();
+    assert_eq!(again.outcome, BeginOutcome::Completed);
+    for op in ["r2", "r3"] {
+        let r = store.get_execution("acme", op).await.unwrap().unwrap();
+        assert_ne!(r.state, ExecutionState::FailedFinal, "{op}");
+    }
 }

@@ -47,7 +47,8 @@ use crate::budgets::{BudgetKey, Charge, SessionRecord, SessionState, Usage};
 use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
 use crate::ledger::{
-    self, BeginAnswer, Collect, ExecutionRecord, ExecutionState, RecordedError, Settled, TicketKey,
+    self, BeginAnswer, Collect, ExecutionRecord, ExecutionState, Lapse, Lapsed, RecordedError,
+    Settled, TicketKey,
 };
 use crate::tools::Risk;
 
@@ -149,6 +150,16 @@ fn pending_counts_sql(mark: char) -> String {
 const APPROVAL_COLUMNS: &str = "approval_id, tenant_id, requester_subject_id, agent_id, tool, tool_version, risk, \
      arguments_sha256, display_arguments, request_id, status, created_at, expires_at, decided_by, decided_at, \
      reason, consumed_by_idempotency_key, why";
+
+/// Marks FAILED_FINAL the lapsed records ([`Lapse::covers`]) chosen by
+/// `{pick}`: parameters 1 (updated at or before) and 2 (limit). The
+/// record keeps its `updated_at`: it ages out of retention from its failure.
+fn lapse_sql(pick: &str) -> String {
+    format!(
+        "UPDATE executions SET state = 'FAILED_FINAL', revision = revision + 1 \
+         WHERE {pick} RETURNING tenant_id, idempotency_key, tool, arguments_sha256, attempt"
+    )
+}
 
 /// The columns of an execution record, in the order every backend reads them.
 const EXECUTION_COLUMNS: &str = "tenant_id, idempotency_key, tool, arguments_sha256, state, attempt, \
@@ -400,6 +411,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// # Errors
     /// [`StoreError`] when the database fails.
     async fn collect_executions(&self, collect: Collect) -> Result<usize, StoreError>;
+
+    /// Makes FAILED_FINAL, in one transaction, at most `lapse.limit` of the
+    /// records [`Lapse::covers`], and releases each one's live charges:
+    /// the call did not happen and no ticket can retry it (DESIGN §13.1).
+    /// A record a transition holds right now is left for the next sweep.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; nothing is then written.
+    async fn lapse_executions(&self, lapse: Lapse) -> Result<Vec<Lapsed>, StoreError>;
 
     // ---- Budgets (DESIGN §13.1): charges per key in a sliding window.
 

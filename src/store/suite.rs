@@ -61,6 +61,7 @@ macro_rules! store_suite {
             budget_charges_slide_out_of_their_window_and_count_once,
             a_budget_sum_past_the_ceiling_is_an_overflow,
             concurrent_charges_never_sum_above_what_each_decision_saw,
+            a_retryable_failure_nobody_retried_lapses_and_frees_its_charges,
             sessions_join_count_once_and_forget_when_idle,
             concurrent_session_checks_never_pass_on_a_state_they_did_not_see,
         );
@@ -80,6 +81,7 @@ pub(crate) use store_suite;
 
 pub use super::budget_suite::{
     a_budget_sum_past_the_ceiling_is_an_overflow,
+    a_retryable_failure_nobody_retried_lapses_and_frees_its_charges,
     budget_charges_slide_out_of_their_window_and_count_once,
     concurrent_charges_never_sum_above_what_each_decision_saw,
 };
@@ -109,14 +111,14 @@ impl OutputSchemas for AnyOutput {
     }
 }
 
-fn id(tenant: &str, key: &str) -> ExecutionId {
+pub(super) fn id(tenant: &str, key: &str) -> ExecutionId {
     ExecutionId {
         tenant_id: tenant.into(),
         idempotency_key: key.into(),
     }
 }
 
-fn begin(tenant: &str, key: &str, now: UnixMillis) -> Begin {
+pub(super) fn begin(tenant: &str, key: &str, now: UnixMillis) -> Begin {
     Begin {
         id: id(tenant, key),
         tool: "refund_order".into(),
@@ -127,7 +129,7 @@ fn begin(tenant: &str, key: &str, now: UnixMillis) -> Begin {
     }
 }
 
-fn complete(key: &str, token: u64, completion: Completion, now: UnixMillis) -> Complete {
+pub(super) fn complete(key: &str, token: u64, completion: Completion, now: UnixMillis) -> Complete {
     Complete {
         id: id("acme", key),
         fencing_token: token,

@@ -152,6 +152,44 @@ async fn concurrent_refunds_never_overspend_the_budget_on_sqlite() {
     sidecar.kill();
 }
 
+/// support-bot's five refunds of 100.00, each allowed (the agent's 500.00
+/// of the day); the fifth begun in its Authorize: its answer.
+async fn five_refunds_the_fifth_begun(
+    client: &mut AuthorizationServiceClient<tonic::transport::Channel>,
+) -> pb::AuthorizeResponse {
+    let mut last = None;
+    for i in 1..=5 {
+        let mut req = refund("support-bot", i, 10_000);
+        req.begin_execution = i == 5;
+        let r = client.authorize(req).await.unwrap().into_inner();
+        assert_eq!(r.decision(), Decision::Allow, "refund {i}: {:?}", r.error);
+        last = Some(r);
+    }
+    last.unwrap()
+}
+
+/// The begun refund's outcome reported as `status`: the record's state.
+async fn report(
+    ledger: &mut LedgerServiceClient<tonic::transport::Channel>,
+    begun: &pb::AuthorizeResponse,
+    status: CompletionStatus,
+) -> pb::ExecutionState {
+    let run = begun.execution.as_ref().expect("the refund began");
+    ledger
+        .complete_execution(pb::CompleteExecutionRequest {
+            auth: request("refund_order", "{}").auth,
+            idempotency_key: begun.idempotency_key.clone(),
+            fencing_token: run.fencing_token,
+            status: status.into(),
+            result_json: String::new(),
+            error: None,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .state()
+}
+
 both_backends!(a_retry_is_charged_once_and_a_call_that_failed_for_good_frees_its_charge);
 
 /// Five refunds of 100.00 spend the agent's 500.00 of the day; a retry of
@@ -163,14 +201,7 @@ async fn a_retry_is_charged_once_and_a_call_that_failed_for_good_frees_its_charg
 ) {
     let server = TestServer::start_on(backend).await;
     let mut client = server.client().await;
-    let mut last = None;
-    for i in 1..=5 {
-        let mut req = refund("support-bot", i, 10_000);
-        req.begin_execution = i == 5;
-        let r = client.authorize(req).await.unwrap().into_inner();
-        assert_eq!(r.decision(), Decision::Allow, "refund {i}: {:?}", r.error);
-        last = Some(r);
-    }
+    let fifth = five_refunds_the_fifth_begun(&mut client).await;
     let retry = client
         .authorize(refund("support-bot", 3, 10_000))
         .await
@@ -187,22 +218,9 @@ async fn a_retry_is_charged_once_and_a_call_that_failed_for_good_frees_its_charg
         (Decision::ApprovalRequired, "approval_required")
     );
 
-    let fifth = last.unwrap();
-    let run = fifth.execution.expect("the fifth refund began");
     let mut ledger = LedgerServiceClient::new(server.channel().await);
-    let failed = ledger
-        .complete_execution(pb::CompleteExecutionRequest {
-            auth: request("refund_order", "{}").auth,
-            idempotency_key: fifth.idempotency_key.clone(),
-            fencing_token: run.fencing_token,
-            status: CompletionStatus::FailedFinal.into(),
-            result_json: String::new(),
-            error: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(failed.state(), pb::ExecutionState::FailedFinal);
+    let failed = report(&mut ledger, &fifth, CompletionStatus::FailedFinal).await;
+    assert_eq!(failed, pb::ExecutionState::FailedFinal);
     let sixth = client
         .authorize(refund("support-bot", 6, 10_000))
         .await
@@ -400,4 +418,69 @@ async fn a_kill_between_charge_and_answer_loses_no_charge_and_charges_nothing_tw
     }
     assert_eq!(charged(&store, "crash-bot").await, sent_n * CENTS);
     sidecar.kill();
+}
+
+both_backends!(a_retryable_failure_nobody_retried_before_its_ticket_expired_frees_its_charge);
+
+/// The fifth refund of 100.00 fails retryably and is never retried: while
+/// a ticket could still retry it (ticket TTL plus the lapse grace) its
+/// charge stands and the sixth refund waits for a human; then the sweep
+/// makes it FAILED_FINAL, frees the 100.00, and the sixth is allowed.
+async fn a_retryable_failure_nobody_retried_before_its_ticket_expired_frees_its_charge(
+    backend: Backend,
+) {
+    let clock = toolgate::clock::ManualClock::new(now_ms());
+    let ledger = crate::support::test_ledger_config();
+    let wait =
+        i64::try_from((ledger.ticket_ttl + toolgate::ledger::LAPSE_GRACE).as_millis()).unwrap();
+    let server = TestServer::start_with_ledger_on(backend, clock.clone(), ledger).await;
+    let mut client = server.client().await;
+    let fifth = five_refunds_the_fifth_begun(&mut client).await;
+    let mut ledger = LedgerServiceClient::new(server.channel().await);
+    let failed = report(&mut ledger, &fifth, CompletionStatus::FailedRetryable).await;
+    assert_eq!(failed, pb::ExecutionState::FailedRetryable);
+    let sixth = async |client: &mut AuthorizationServiceClient<_>| {
+        client
+            .authorize(refund("support-bot", 6, 10_000))
+            .await
+            .unwrap()
+            .into_inner()
+            .decision()
+    };
+    // One millisecond before the lapse, over several sweeps (every 100 ms).
+    clock.advance(wait - 1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(sixth(&mut client).await, Decision::ApprovalRequired);
+    let state = async |ledger: &mut LedgerServiceClient<_>| {
+        ledger
+            .get_execution(pb::GetExecutionRequest {
+                auth: request("refund_order", "{}").auth,
+                idempotency_key: fifth.idempotency_key.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .execution
+            .expect("the record")
+            .state()
+    };
+    assert_eq!(
+        state(&mut ledger).await,
+        pb::ExecutionState::FailedRetryable
+    );
+    clock.advance(1);
+    let mut lapsed = false;
+    for _ in 0..100 {
+        if state(&mut ledger).await == pb::ExecutionState::FailedFinal {
+            lapsed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(lapsed, "the sweep never made the unretried refund final");
+    assert_eq!(sixth(&mut client).await, Decision::Allow);
+    let metrics = server.metrics_endpoint().scrape().await;
+    let line = "toolgate_budget_events_total{budget=\"refunds_daily\",event=\"released\"} 1\n";
+    assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    server.stop().await;
 }

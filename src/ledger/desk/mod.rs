@@ -470,6 +470,37 @@ impl LedgerDesk {
         Ok(total)
     }
 
+    /// Makes final the FAILED_RETRYABLE operations nobody retried while a
+    /// ticket could ([`crate::ledger::Lapse`]), their budget charges
+    /// released in the same transaction; in batches like retention, each
+    /// one audited. Returns how many.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails.
+    pub async fn lapse_due(&self) -> Result<usize, StoreError> {
+        let mut total = 0;
+        for _ in 0..MAX_BATCHES_PER_SWEEP {
+            let lapse = crate::ledger::Lapse::new(
+                self.clock.now_ms(),
+                self.config.ticket_ttl,
+                self.config.collect_batch,
+            );
+            let lapsed = self.store.lapse_executions(lapse).await?;
+            for one in &lapsed {
+                self.observe_lapse(one).await;
+            }
+            total += lapsed.len();
+            if lapsed.len() < lapse.limit {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        if total > 0 {
+            tracing::info!(target: LEDGER_TARGET, lapsed = total, "operations not retried before their tickets expired made final");
+        }
+        Ok(total)
+    }
+
     /// A result, strictly decoded (the executor's text is what is stored).
     fn result(&self, text: String) -> Result<(String, Value), ExecutorError> {
         if text.is_empty() {

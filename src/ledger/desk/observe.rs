@@ -123,6 +123,52 @@ impl LedgerDesk {
         }
     }
 
+    /// A lapsed operation ([`crate::ledger::Lapsed`]): its releases
+    /// counted, and one audit event (operation `lapse`, no peer: the sweep
+    /// made it) in its tenant.
+    pub(super) async fn observe_lapse(&self, lapsed: &crate::ledger::Lapsed) {
+        for name in &lapsed.released {
+            self.metrics.budget_released(name);
+        }
+        let tenant = Caller {
+            subject_id: String::new(),
+            tenant_id: lapsed.tenant_id.clone(),
+            scopes: Vec::new(),
+            roles: Vec::new(),
+            agent_id: String::new(),
+            session_id: String::new(),
+        };
+        let engine = self.engine.load();
+        let contract = engine.tools().get(&lapsed.tool);
+        let state = ExecutionState::FailedFinal.as_str();
+        let event = AuditEvent::ledger(
+            &LedgerAudit {
+                operation: "lapse",
+                principal: Some(&tenant),
+                peer: "",
+                decision_id: "",
+                idempotency_key: &lapsed.idempotency_key,
+                arguments_sha256: &lapsed.arguments_sha256,
+                tool: &lapsed.tool,
+                tool_version: contract.map_or("", |c| c.version.as_str()),
+                policy_version: engine.version(),
+                reported: "",
+                outcome: "lapsed",
+                state,
+                code: "",
+                attempt: lapsed.attempt,
+            },
+            std::time::Duration::ZERO,
+        );
+        self.metrics.ledger(
+            "lapse",
+            contract.map_or(UNKNOWN_TOOL, |c| c.name.as_str()),
+            "lapsed",
+            state,
+        );
+        let _ = self.audit.record(event).await;
+    }
+
     pub(super) async fn observe(
         &self,
         seen: &Seen<'_>,

@@ -65,7 +65,9 @@ use crate::approvals::{
 use crate::budgets::{BudgetKey, Charge, SessionRecord, SessionState, Usage};
 use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
-use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled, TicketKey};
+use crate::ledger::{
+    self, BeginAnswer, Collect, ExecutionRecord, Lapse, Lapsed, Settled, TicketKey,
+};
 
 mod budgets;
 mod entities;
@@ -720,6 +722,52 @@ impl Store for PostgresStore {
                 .query_opt(&stmt, &[&tenant_id, &idempotency_key])
                 .await?;
             Ok(row.as_ref().map(execution_from_row).transpose()?)
+        })
+        .await
+    }
+
+    async fn lapse_executions(&self, lapse: Lapse) -> Result<Vec<Lapsed>, StoreError> {
+        let limit = i64::try_from(lapse.limit).unwrap_or(i64::MAX);
+        self.run(|mut client| async move {
+            // A record a transition holds (FOR UPDATE) is skipped; one this
+            // sweep holds makes that transition wait and read FAILED_FINAL.
+            let sql = super::lapse_sql(
+                "(tenant_id, idempotency_key) IN (SELECT tenant_id, idempotency_key FROM executions \
+                 WHERE state = 'FAILED_RETRYABLE' AND updated_at <= $1 ORDER BY updated_at \
+                 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            );
+            let tx = client.transaction().await?;
+            let rows = tx
+                .query(&sql, &[&lapse.updated_at_or_before, &limit])
+                .await?;
+            let release = tx.prepare_cached(budgets::RELEASE).await?;
+            let mut lapsed = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let tenant_id: String = row.try_get(0)?;
+                let idempotency_key: String = row.try_get(1)?;
+                let attempt: i64 = row.try_get(4)?;
+                let mut released = tx
+                    .query(&release, &[&tenant_id, &idempotency_key, &lapse.now])
+                    .await?
+                    .iter()
+                    .map(|r| r.try_get::<_, String>(0))
+                    .collect::<Result<Vec<_>, _>>()?;
+                released.sort();
+                lapsed.push(Lapsed {
+                    tenant_id,
+                    idempotency_key,
+                    tool: row.try_get(2)?,
+                    arguments_sha256: row.try_get(3)?,
+                    attempt: u32::try_from(attempt)
+                        .map_err(|_| StoreError::Corrupt(format!("attempt {attempt}")))?,
+                    released,
+                });
+            }
+            tx.commit().await?;
+            lapsed.sort_by(|a, b| {
+                (&a.tenant_id, &a.idempotency_key).cmp(&(&b.tenant_id, &b.idempotency_key))
+            });
+            Ok(lapsed)
         })
         .await
     }

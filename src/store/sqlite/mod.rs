@@ -26,7 +26,9 @@ use crate::approvals::{ApprovalRecord, ApprovalStatus, NewApproval, machine};
 use crate::budgets::{BudgetKey, Charge, SessionRecord, SessionState, Usage};
 use crate::clock::UnixMillis;
 use crate::entities::{EntityKey, EntityWalk, StoredEntity};
-use crate::ledger::{self, BeginAnswer, Collect, ExecutionRecord, Settled, TicketKey};
+use crate::ledger::{
+    self, BeginAnswer, Collect, ExecutionRecord, Lapse, Lapsed, Settled, TicketKey,
+};
 
 mod approvals;
 mod budgets;
@@ -273,6 +275,37 @@ impl Store for SqliteStore {
             sessions::collect(&tx, collect.updated_at_or_before, limit)?;
             tx.commit()?;
             Ok(n)
+        })
+        .await
+    }
+
+    async fn lapse_executions(&self, lapse: Lapse) -> Result<Vec<Lapsed>, StoreError> {
+        let limit = i64::try_from(lapse.limit).unwrap_or(i64::MAX);
+        self.with(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let sql = crate::store::lapse_sql(
+                "(tenant_id, idempotency_key) IN (SELECT tenant_id, idempotency_key FROM executions \
+                 WHERE state = 'FAILED_RETRYABLE' AND updated_at <= ?1 ORDER BY updated_at LIMIT ?2)",
+            );
+            let mut lapsed = tx
+                .prepare(&sql)?
+                .query_map(params![lapse.updated_at_or_before, limit], |r| {
+                    Ok(Lapsed {
+                        tenant_id: r.get(0)?,
+                        idempotency_key: r.get(1)?,
+                        tool: r.get(2)?,
+                        arguments_sha256: r.get(3)?,
+                        attempt: r.get(4)?,
+                        released: Vec::new(),
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            for l in &mut lapsed {
+                l.released = budgets::release(&tx, &l.tenant_id, &l.idempotency_key, lapse.now)?;
+            }
+            tx.commit()?;
+            lapsed.sort_by(|a, b| (&a.tenant_id, &a.idempotency_key).cmp(&(&b.tenant_id, &b.idempotency_key)));
+            Ok(lapsed)
         })
         .await
     }
