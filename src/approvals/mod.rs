@@ -118,7 +118,7 @@ impl ApprovalWhy {
     ) -> Self {
         let budgets = seen
             .iter()
-            .filter(|s| s.used.checked_add(s.this_call).is_none_or(|t| t > s.limit))
+            .filter(|s| s.exceeded())
             .map(|s| {
                 let def = budgets.all().iter().find(|b| b.name == s.name);
                 BudgetWhy {

@@ -64,6 +64,18 @@ pub struct Seen {
     pub limit: i64,
 }
 
+impl Seen {
+    /// Whether the call takes the budget past its limit: `used +
+    /// this_call > limit` (a sum past a Long is past any limit). What the
+    /// over-limit counter counts and what an approval shows its approver.
+    #[must_use]
+    pub fn exceeded(&self) -> bool {
+        self.used
+            .checked_add(self.this_call)
+            .is_none_or(|total| total > self.limit)
+    }
+}
+
 /// Why a call's charge cannot be computed: a `budget_invalid` deny.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MeterRefusal {

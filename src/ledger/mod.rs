@@ -360,9 +360,9 @@ pub const LAPSE_GRACE: Duration = Duration::from_secs(60);
 
 /// Which FAILED_RETRYABLE records nobody retried in time ([`Lapse::covers`]):
 /// unchanged since `updated_at_or_before`, so every ticket issued before
-/// the failure has expired. A backend makes them FAILED_FINAL (keeping
-/// `updated_at`, revision + 1) and releases their live charges at `now`, in one transaction, at
-/// most `limit` of them.
+/// the failure has expired. A backend makes at most `limit` of them
+/// FAILED_FINAL (keeping `updated_at`, revision + 1) and releases their
+/// live charges at `now`, in one transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lapse {
     pub updated_at_or_before: UnixMillis,

@@ -302,3 +302,79 @@ pub async fn a_retryable_failure_nobody_retried_lapses_and_frees_its_charges(
         assert_ne!(r.state, ExecutionState::FailedFinal, "{op}");
     }
 }
+
+/// A lapse sweep and a retry's Begin of the same FAILED_RETRYABLE
+/// operation at once, over two connections, 20 times: exactly one wins.
+/// Either the retry runs (ACQUIRED) and the charge stands, or the record
+/// is FAILED_FINAL, the Begin answers COMPLETED and the charge is freed:
+/// never a call that runs uncharged, never a charge freed twice.
+pub async fn a_lapse_and_a_retry_at_once_never_leave_a_running_call_uncharged(
+    backend: &dyn Backend,
+) {
+    use crate::ledger::{BeginOutcome, Completion, ExecutionState, Lapse};
+    let stores = [backend.open().await, backend.open().await];
+    let (mut retried, mut lapsed) = (0, 0);
+    for round in 0..20 {
+        let op = format!("race{round}");
+        let k = BudgetKey {
+            window_ms: 1_000_000,
+            ..key("refunds", &format!("[\"round\",{round}]"))
+        };
+        let store = &stores[0];
+        assert!(
+            store
+                .charge_budgets("acme", &op, &[charge(&k, 10, 0)], 100)
+                .await
+                .unwrap()
+        );
+        let run = store
+            .begin_execution(begin("acme", &op, 100))
+            .await
+            .unwrap();
+        let failed = Completion::FailedRetryable(None);
+        store
+            .complete_execution(complete(&op, run.fencing_token, failed, 200))
+            .await
+            .unwrap();
+        let answers = at_once(&stores, 2, |store: Arc<dyn Store>, i| {
+            let op = op.clone();
+            async move {
+                if i == 0 {
+                    let lapse = Lapse {
+                        updated_at_or_before: 250,
+                        now: 300,
+                        limit: 100,
+                    };
+                    let n = store.lapse_executions(lapse).await.unwrap().len();
+                    (Some(n), None)
+                } else {
+                    let again = store
+                        .begin_execution(begin("acme", &op, 300))
+                        .await
+                        .unwrap();
+                    (None, Some(again.outcome))
+                }
+            }
+        })
+        .await;
+        let (n, outcome) = (answers[0].0.unwrap(), answers[1].1.unwrap());
+        let record = store.get_execution("acme", &op).await.unwrap().unwrap();
+        let used = store
+            .budget_usage("acme", "other", std::slice::from_ref(&k), 400)
+            .await
+            .unwrap()[0]
+            .used;
+        match (n, outcome) {
+            (0, BeginOutcome::Acquired) => {
+                assert_eq!((record.state, used), (ExecutionState::InProgress, Some(10)));
+                retried += 1;
+            }
+            (1, BeginOutcome::Completed) => {
+                assert_eq!((record.state, used), (ExecutionState::FailedFinal, Some(0)));
+                lapsed += 1;
+            }
+            other => panic!("round {round}: {other:?} with {record:?}, used {used:?}"),
+        }
+    }
+    assert_eq!(retried + lapsed, 20);
+}

@@ -151,13 +151,17 @@ const APPROVAL_COLUMNS: &str = "approval_id, tenant_id, requester_subject_id, ag
      arguments_sha256, display_arguments, request_id, status, created_at, expires_at, decided_by, decided_at, \
      reason, consumed_by_idempotency_key, why";
 
-/// Marks FAILED_FINAL the lapsed records ([`Lapse::covers`]) chosen by
-/// `{pick}`: parameters 1 (updated at or before) and 2 (limit). The
+/// Marks FAILED_FINAL, oldest failure first, the records [`Lapse::covers`]
+/// (`{mark}1`: updated at or before; `{mark}2`: the most), the inner
+/// select ending with `lock`; a row is checked again when written. The
 /// record keeps its `updated_at`: it ages out of retention from its failure.
-fn lapse_sql(pick: &str) -> String {
+fn lapse_sql(mark: char, lock: &str) -> String {
     format!(
         "UPDATE executions SET state = 'FAILED_FINAL', revision = revision + 1 \
-         WHERE {pick} RETURNING tenant_id, idempotency_key, tool, arguments_sha256, attempt"
+         WHERE state = 'FAILED_RETRYABLE' AND (tenant_id, idempotency_key) IN \
+         (SELECT tenant_id, idempotency_key FROM executions \
+         WHERE state = 'FAILED_RETRYABLE' AND updated_at <= {mark}1 ORDER BY updated_at LIMIT {mark}2{lock}) \
+         RETURNING tenant_id, idempotency_key, tool, arguments_sha256, attempt"
     )
 }
 

@@ -62,6 +62,7 @@ macro_rules! store_suite {
             a_budget_sum_past_the_ceiling_is_an_overflow,
             concurrent_charges_never_sum_above_what_each_decision_saw,
             a_retryable_failure_nobody_retried_lapses_and_frees_its_charges,
+            a_lapse_and_a_retry_at_once_never_leave_a_running_call_uncharged,
             sessions_join_count_once_and_forget_when_idle,
             concurrent_session_checks_never_pass_on_a_state_they_did_not_see,
         );
@@ -81,6 +82,7 @@ pub(crate) use store_suite;
 
 pub use super::budget_suite::{
     a_budget_sum_past_the_ceiling_is_an_overflow,
+    a_lapse_and_a_retry_at_once_never_leave_a_running_call_uncharged,
     a_retryable_failure_nobody_retried_lapses_and_frees_its_charges,
     budget_charges_slide_out_of_their_window_and_count_once,
     concurrent_charges_never_sum_above_what_each_decision_saw,

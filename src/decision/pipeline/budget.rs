@@ -112,10 +112,7 @@ impl ToolCallAuthorizer {
                 })
                 .map_err(refused)?;
             if !matches!(decision, PolicyDecision::Allow { .. }) {
-                for over in seen
-                    .iter()
-                    .filter(|b| b.used.saturating_add(b.this_call) > b.limit)
-                {
+                for over in seen.iter().filter(|b| b.exceeded()) {
                     self.metrics.budget_over_limit(&over.name);
                 }
                 return Ok(Budgeted {

@@ -56,6 +56,27 @@ pub const LEDGER_TARGET: &str = "toolgate::ledger";
 /// goes on where it stopped.
 const MAX_BATCHES_PER_SWEEP: usize = 100;
 
+/// Runs `batch` (one short transaction: how many records it handled, and
+/// the most it may) until one handles fewer than its most, at most
+/// [`MAX_BATCHES_PER_SWEEP`] times, letting waiting requests in between
+/// two batches; the total.
+async fn in_batches<F, Fut>(mut batch: F) -> Result<usize, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(usize, usize), StoreError>>,
+{
+    let mut total = 0;
+    for _ in 0..MAX_BATCHES_PER_SWEEP {
+        let (n, most) = batch().await?;
+        total += n;
+        if n < most {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    Ok(total)
+}
+
 /// Everything a [`LedgerDesk`] needs; none of it has a default.
 #[derive(Debug)]
 pub(crate) struct LedgerParts {
@@ -449,21 +470,15 @@ impl LedgerDesk {
     /// # Errors
     /// [`StoreError`] when the database fails.
     pub async fn collect_due(&self) -> Result<usize, StoreError> {
-        let mut total = 0;
-        for _ in 0..MAX_BATCHES_PER_SWEEP {
+        let total = in_batches(|| async move {
             let collect = Collect::new(
                 self.clock.now_ms(),
                 self.config.retention,
                 self.config.collect_batch,
             );
-            let n = self.store.collect_executions(collect).await?;
-            total += n;
-            if n < collect.limit {
-                break;
-            }
-            // Let waiting requests in between two batches.
-            tokio::task::yield_now().await;
-        }
+            Ok((self.store.collect_executions(collect).await?, collect.limit))
+        })
+        .await?;
         if total > 0 {
             tracing::info!(target: LEDGER_TARGET, collected = total, "execution records past retention collected");
         }
@@ -478,8 +493,7 @@ impl LedgerDesk {
     /// # Errors
     /// [`StoreError`] when the database fails.
     pub async fn lapse_due(&self) -> Result<usize, StoreError> {
-        let mut total = 0;
-        for _ in 0..MAX_BATCHES_PER_SWEEP {
+        let total = in_batches(|| async move {
             let lapse = crate::ledger::Lapse::new(
                 self.clock.now_ms(),
                 self.config.ticket_ttl,
@@ -489,12 +503,9 @@ impl LedgerDesk {
             for one in &lapsed {
                 self.observe_lapse(one).await;
             }
-            total += lapsed.len();
-            if lapsed.len() < lapse.limit {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
+            Ok((lapsed.len(), lapse.limit))
+        })
+        .await?;
         if total > 0 {
             tracing::info!(target: LEDGER_TARGET, lapsed = total, "operations not retried before their tickets expired made final");
         }

@@ -731,11 +731,7 @@ impl Store for PostgresStore {
         self.run(|mut client| async move {
             // A record a transition holds (FOR UPDATE) is skipped; one this
             // sweep holds makes that transition wait and read FAILED_FINAL.
-            let sql = super::lapse_sql(
-                "(tenant_id, idempotency_key) IN (SELECT tenant_id, idempotency_key FROM executions \
-                 WHERE state = 'FAILED_RETRYABLE' AND updated_at <= $1 ORDER BY updated_at \
-                 LIMIT $2 FOR UPDATE SKIP LOCKED)",
-            );
+            let sql = super::lapse_sql('$', " FOR UPDATE SKIP LOCKED");
             let tx = client.transaction().await?;
             let rows = tx
                 .query(&sql, &[&lapse.updated_at_or_before, &limit])

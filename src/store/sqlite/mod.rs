@@ -283,10 +283,7 @@ impl Store for SqliteStore {
         let limit = i64::try_from(lapse.limit).unwrap_or(i64::MAX);
         self.with(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let sql = crate::store::lapse_sql(
-                "(tenant_id, idempotency_key) IN (SELECT tenant_id, idempotency_key FROM executions \
-                 WHERE state = 'FAILED_RETRYABLE' AND updated_at <= ?1 ORDER BY updated_at LIMIT ?2)",
-            );
+            let sql = crate::store::lapse_sql('?', "");
             let mut lapsed = tx
                 .prepare(&sql)?
                 .query_map(params![lapse.updated_at_or_before, limit], |r| {
@@ -304,7 +301,9 @@ impl Store for SqliteStore {
                 l.released = budgets::release(&tx, &l.tenant_id, &l.idempotency_key, lapse.now)?;
             }
             tx.commit()?;
-            lapsed.sort_by(|a, b| (&a.tenant_id, &a.idempotency_key).cmp(&(&b.tenant_id, &b.idempotency_key)));
+            lapsed.sort_by(|a, b| {
+                (&a.tenant_id, &a.idempotency_key).cmp(&(&b.tenant_id, &b.idempotency_key))
+            });
             Ok(lapsed)
         })
         .await
